@@ -1,0 +1,3 @@
+"""Priority-routing inference gateway for vLLM pools."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,70 @@
+"""What the core knows about one engine.
+
+The gateway's own in-flight count is exact for this replica; the engine's scraped
+``running + waiting`` also counts other replicas' requests. Load combines the two:
+what we have in flight now, plus what others had in flight at the last scrape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class EngineMetrics:
+    """A scrape of one engine's vLLM ``/metrics`` (only what routing and admission use)."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    prefix_queries: float = 0.0
+    prefix_hits: float = 0.0
+    block_size: int | None = None
+    num_blocks: int | None = None
+    model: str | None = None
+
+
+@dataclass(slots=True, eq=False)
+class EngineState:
+    id: str
+    pool: str
+    healthy: bool = True
+    inflight: int = 0
+    inflight_at_scrape: int = 0
+    external_load: float = 0.0
+    kv_usage: float = 0.0
+    block_size: int = 16
+    num_blocks: int = 0
+    prefix_queries: float = 0.0
+    prefix_hits: float = 0.0
+    scraped_at: float | None = None
+    routed_total: int = 0
+    inflight_by_class: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def load(self) -> float:
+        return self.inflight + self.external_load
+
+    def apply_scrape(self, m: EngineMetrics, now: float) -> None:
+        self.external_load = max(0.0, m.running + m.waiting - self.inflight_at_scrape)
+        self.kv_usage = m.kv_usage
+        self.prefix_queries = m.prefix_queries
+        self.prefix_hits = m.prefix_hits
+        if m.block_size:
+            self.block_size = m.block_size
+        if m.num_blocks:
+            self.num_blocks = m.num_blocks
+        self.scraped_at = now
+
+    def mark_scrape_start(self) -> None:
+        """Called when a scrape is sent, so the reply can be compared with what we had in flight."""
+        self.inflight_at_scrape = self.inflight
+
+    def started(self, cls: str) -> None:
+        self.inflight += 1
+        self.routed_total += 1
+        self.inflight_by_class[cls] = self.inflight_by_class.get(cls, 0) + 1
+
+    def finished(self, cls: str) -> None:
+        self.inflight -= 1
+        self.inflight_by_class[cls] -= 1

@@ -1,0 +1,21 @@
+"""A request as the core sees it: class, budget, prefix and nothing of HTTP."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.core.classes import Budget
+
+
+@dataclass(slots=True, eq=False)
+class RouteRequest:
+    id: str
+    cls: str
+    model: str
+    arrival: float
+    prompt_tokens: int = 0
+    max_tokens: int | None = None
+    prefix: list[int] = field(default_factory=list)
+    block_tokens: int = 16
+    session: str | None = None
+    budget: Budget = field(default_factory=Budget)

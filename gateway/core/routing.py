@@ -1,0 +1,91 @@
+"""Engine choice inside one pool.
+
+A policy sees only healthy candidates and returns one of them (or ``None`` when the
+list is empty). Policies learn from what they routed through ``routed``; they never
+mutate engine state themselves (the dispatcher does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.core.engines import EngineState
+from gateway.core.request import RouteRequest
+
+
+@dataclass(slots=True, frozen=True)
+class Choice:
+    engine: EngineState
+    predicted_cached_tokens: int = 0
+    reason: str = "least_loaded"
+
+
+class Policy(Protocol):
+    name: str
+
+    def choose(self, req: RouteRequest, candidates: Sequence[EngineState], now: float) -> Choice | None: ...
+
+    def routed(self, req: RouteRequest, engine: EngineState, now: float) -> None: ...
+
+    def forget(self, engine_id: str) -> None: ...
+
+
+class RoundRobin:
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def choose(self, req: RouteRequest, candidates: Sequence[EngineState], now: float) -> Choice | None:
+        if not candidates:
+            return None
+        engine = candidates[self._next % len(candidates)]
+        self._next += 1
+        return Choice(engine, 0, "round_robin")
+
+    def routed(self, req: RouteRequest, engine: EngineState, now: float) -> None:
+        return None
+
+    def forget(self, engine_id: str) -> None:
+        return None
+
+
+class LeastLoaded:
+    """Fewest requests in flight; ties go round robin so idle pools spread evenly."""
+
+    name = "least_loaded"
+
+    def __init__(self) -> None:
+        self._tiebreak = 0
+
+    def choose(self, req: RouteRequest, candidates: Sequence[EngineState], now: float) -> Choice | None:
+        if not candidates:
+            return None
+        n = len(candidates)
+        self._tiebreak += 1
+        best = candidates[self._tiebreak % n]
+        best_load = best.load
+        for engine in candidates:
+            load = engine.load
+            if load < best_load:
+                best, best_load = engine, load
+        return Choice(best, 0, "least_loaded")
+
+    def routed(self, req: RouteRequest, engine: EngineState, now: float) -> None:
+        return None
+
+    def forget(self, engine_id: str) -> None:
+        return None
+
+
+POLICIES: dict[str, type] = {"round_robin": RoundRobin, "least_loaded": LeastLoaded}
+
+
+def make_policy(name: str, **options: object) -> Policy:
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
+    return factory(**options)  # type: ignore[no-any-return]
