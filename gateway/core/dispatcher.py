@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from gateway.core.classes import CLASS_RANK
 from gateway.core.engines import EngineMetrics, EngineState
 from gateway.core.request import RouteRequest
-from gateway.core.routing import Policy, make_policy
+from gateway.core.routing import Choice, Policy, make_policy
 
 
 @dataclass(slots=True)
@@ -114,6 +114,16 @@ class Dispatcher:
         engine = self._engines.get(engine_id)
         if engine is not None:
             engine.apply_scrape(metrics, now)
+            self.pools[engine.pool].policy.scraped(engine)
+
+    def queue_depths(self) -> dict[tuple[str, str], int]:
+        return {}
+
+    def prefix_hit_estimates(self) -> dict[str, float]:
+        return {name: pool.policy.hit_ratio_estimate() for name, pool in self.pools.items()}
+
+    def concurrency_limits(self) -> dict[str, float]:
+        return {}
 
     def ready(self) -> dict[str, bool]:
         return {name: any(e.healthy for e in pool.engines) for name, pool in self.pools.items()}
@@ -135,22 +145,14 @@ class Dispatcher:
                 f"no healthy engine in pool {pool.name!r}" + (" after a failed attempt" if exclude else ""),
                 retry_after_s=1.0,
             )
-        return self._start(req, pool, choice.engine, now, choice.predicted_cached_tokens, choice.reason, exclude)
+        return self._start(req, pool, choice, now, exclude)
 
-    def _start(
-        self,
-        req: RouteRequest,
-        pool: Pool,
-        engine: EngineState,
-        now: float,
-        predicted: int,
-        reason: str,
-        exclude: Sequence[str],
-    ) -> Dispatch:
+    def _start(self, req: RouteRequest, pool: Pool, choice: Choice, now: float, exclude: Sequence[str]) -> Dispatch:
+        engine = choice.engine
         engine.started(req.cls)
-        pool.policy.routed(req, engine, now)
+        pool.policy.routed(req, choice, now)
         priority = CLASS_RANK[req.cls] if pool.takes_priority else None
-        return Dispatch(req, engine, pool.name, priority, predicted, reason, tuple(exclude))
+        return Dispatch(req, engine, pool.name, priority, choice.predicted_cached_tokens, choice.reason, tuple(exclude))
 
     def finish(self, dispatch: Dispatch, now: float, ok: bool = True) -> list[Outcome]:
         dispatch.engine.finished(dispatch.request.cls)

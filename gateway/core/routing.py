@@ -27,12 +27,32 @@ class Policy(Protocol):
 
     def choose(self, req: RouteRequest, candidates: Sequence[EngineState], now: float) -> Choice | None: ...
 
-    def routed(self, req: RouteRequest, engine: EngineState, now: float) -> None: ...
+    def routed(self, req: RouteRequest, choice: Choice, now: float) -> None: ...
+
+    def scraped(self, engine: EngineState) -> None: ...
 
     def forget(self, engine_id: str) -> None: ...
 
+    def hit_ratio_estimate(self) -> float: ...
 
-class RoundRobin:
+
+class _Stateless:
+    """Policies that learn nothing from what they route."""
+
+    def routed(self, req: RouteRequest, choice: Choice, now: float) -> None:
+        return None
+
+    def scraped(self, engine: EngineState) -> None:
+        return None
+
+    def forget(self, engine_id: str) -> None:
+        return None
+
+    def hit_ratio_estimate(self) -> float:
+        return 0.0
+
+
+class RoundRobin(_Stateless):
     name = "round_robin"
 
     def __init__(self) -> None:
@@ -45,14 +65,8 @@ class RoundRobin:
         self._next += 1
         return Choice(engine, 0, "round_robin")
 
-    def routed(self, req: RouteRequest, engine: EngineState, now: float) -> None:
-        return None
 
-    def forget(self, engine_id: str) -> None:
-        return None
-
-
-class LeastLoaded:
+class LeastLoaded(_Stateless):
     """Fewest requests in flight; ties go round robin so idle pools spread evenly."""
 
     name = "least_loaded"
@@ -73,17 +87,11 @@ class LeastLoaded:
                 best, best_load = engine, load
         return Choice(best, 0, "least_loaded")
 
-    def routed(self, req: RouteRequest, engine: EngineState, now: float) -> None:
-        return None
-
-    def forget(self, engine_id: str) -> None:
-        return None
-
-
-POLICIES: dict[str, type] = {"round_robin": RoundRobin, "least_loaded": LeastLoaded}
-
 
 def make_policy(name: str, **options: object) -> Policy:
+    from gateway.core.prefix_policy import PrefixAffinity
+
+    POLICIES: dict[str, type] = {"round_robin": RoundRobin, "least_loaded": LeastLoaded, "prefix": PrefixAffinity}
     try:
         factory = POLICIES[name]
     except KeyError:

@@ -1,0 +1,40 @@
+"""Who is calling: the principal behind a request's API key.
+
+Without configured keys every caller is ``ANONYMOUS``: any class, default interactive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.core.classes import INTERACTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    key_id: str | None
+    name: str
+    default_class: str = INTERACTIVE
+    allowed: frozenset[str] | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+
+
+ANONYMOUS = Principal(None, "anonymous")
+
+
+class Authenticator(Protocol):
+    @property
+    def required(self) -> bool: ...
+
+    async def authenticate(self, authorization: bytes | None) -> Principal: ...
+
+
+class OpenAccess:
+    """No keys configured: nobody is asked for one."""
+
+    required = False
+
+    async def authenticate(self, authorization: bytes | None) -> Principal:
+        return ANONYMOUS

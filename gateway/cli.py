@@ -1,0 +1,41 @@
+"""``gateway``: serve, simulate, benchmark and manage keys."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+from collections.abc import Sequence
+
+from gateway import log
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway (no --config: embedded simulated engines)")
+    serve.add_argument("--config", help="YAML config file (GATEWAY_* environment variables override it)")
+    serve.add_argument("--host", help="listen address (default from config, else 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default from config, else 8080)")
+    serve.add_argument("--log-level", default=None, help="debug, info, warning, error")
+    serve.set_defaults(func=_serve)
+
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return int(args.func(args) or 0)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.serve import serve
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args.config, args.host, args.port, args.log_level))
+    return 0
+
+
+if __name__ == "__main__":
+    log.setup()
+    sys.exit(main())

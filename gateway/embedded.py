@@ -1,0 +1,105 @@
+"""The embedded default: simulated vLLM engines started by the gateway itself.
+
+``gateway serve`` with no config runs two interactive and two batch simulator processes
+on free loopback ports, so a fresh machine has a working stack with no setup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from gateway import log
+from gateway.config import Config, apply_env_overrides, parse_config
+from gateway.upstream.h1 import EngineClient, UpstreamError
+
+MODEL = "sim-model"
+
+
+@dataclass(slots=True)
+class EngineSpec:
+    pool: str
+    args: list[str] = field(default_factory=list)
+
+
+DEFAULT_ENGINES = [
+    EngineSpec("interactive", ["--profile", "gemma4-nvfp4"]),
+    EngineSpec("interactive", ["--profile", "gemma4-nvfp4"]),
+    EngineSpec("batch", ["--profile", "gemma4-nvfp4-mtp4", "--scheduling-policy", "priority"]),
+    EngineSpec("batch", ["--profile", "gemma4-nvfp4-mtp4", "--scheduling-policy", "priority"]),
+]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class EmbeddedEngines:
+    def __init__(self, specs: list[EngineSpec] | None = None, model: str = MODEL) -> None:
+        self.specs = specs or DEFAULT_ENGINES
+        self.model = model
+        self.processes: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.urls: dict[str, list[str]] = {}
+
+    def launch(self) -> None:
+        for spec in self.specs:
+            port = free_port()
+            cmd = [sys.executable, "-m", "engines.sim", "--host", "127.0.0.1", "--port", str(port)]
+            cmd += ["--model", self.model, *spec.args]
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            url = f"http://127.0.0.1:{port}"
+            self.processes.append((url, subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)))
+            self.urls.setdefault(spec.pool, []).append(url)
+
+    async def wait_ready(self, timeout_s: float = 60.0) -> dict[str, list[str]]:
+        await asyncio.gather(*(self._wait_healthy(url, proc, timeout_s) for url, proc in self.processes))
+        log.info("embedded_engines_started", engines=sum(len(v) for v in self.urls.values()), model=self.model)
+        return self.urls
+
+    async def _wait_healthy(self, url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+        client = EngineClient(url, connect_timeout=1.0)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"simulated engine {url} exited with code {proc.returncode}")
+                with contextlib.suppress(UpstreamError):
+                    status, _ = await client.get(b"/health", timeout_s=1.0)
+                    if status == 200:
+                        return
+                await asyncio.sleep(0.1)
+            raise RuntimeError(f"simulated engine {url} did not become healthy in {timeout_s:g} s")
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        for _, proc in self.processes:
+            if proc.poll() is None:
+                proc.terminate()
+        for _, proc in self.processes:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.processes.clear()
+
+    def config(self, host: str = "127.0.0.1", port: int = 8080) -> Config:
+        pools = {}
+        for pool, urls in self.urls.items():
+            spec: dict[str, object] = {"engines": urls}
+            if pool == "batch":
+                spec["scheduling_policy"] = "priority"
+            pools[pool] = spec
+        data: dict[str, object] = {"pools": pools, "listen": {"host": host, "port": port}}
+        apply_env_overrides(data, os.environ)
+        config = parse_config(data)
+        config.embedded = True
+        return config

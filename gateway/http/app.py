@@ -1,0 +1,114 @@
+"""The ASGI application.
+
+Inference endpoints go straight to the ``Proxy`` (no framework work per request);
+everything else (models, health, metrics, files, batches) is an ordinary FastAPI app.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from gateway.errors import ApiError, error_body
+from gateway.http.proxy import ENDPOINTS, Proxy
+from gateway.runtime import Gateway
+
+
+def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+def create_api(gateway: Gateway) -> FastAPI:
+    api = FastAPI(title="priority gateway", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    api.state.gateway = gateway
+
+    @api.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> Response:
+        headers = {k.decode(): v.decode() for k, v in exc.response_headers() if k != b"content-type"}
+        return _json(exc.status, exc.body(), headers)
+
+    @api.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> Response:
+        message = exc.detail if isinstance(exc.detail, str) else "request failed"
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return _json(exc.status_code, error_body(exc.status_code, message, code), dict(exc.headers or {}))
+
+    @api.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return _json(400, error_body(400, str(first.get("msg", "invalid request")), "invalid_request", param))
+
+    @api.get("/health")
+    async def health() -> Response:
+        return _json(200, b'{"status":"ok"}')
+
+    @api.get("/ready")
+    async def ready() -> Response:
+        pools = gateway.dispatcher.ready()
+        ok = all(pools.values())
+        body = {"ready": ok, "pools": pools}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @api.get("/metrics")
+    async def metrics() -> Response:
+        return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @api.get("/v1/models")
+    async def models() -> Response:
+        data = gateway.monitor.models()
+        listed = {m["id"] for m in data}
+        for model in sorted(gateway.model_ids() - listed):
+            data.append({"id": model, "object": "model", "owned_by": "gateway"})
+        return JSONResponse({"object": "list", "data": data})
+
+    @api.get("/v1/models/{model:path}")
+    async def model(model: str) -> Response:
+        for entry in gateway.monitor.models():
+            if entry["id"] == model:
+                return JSONResponse(entry)
+        if model in gateway.model_ids():
+            return JSONResponse({"id": model, "object": "model", "owned_by": "gateway"})
+        raise ApiError(404, f"The model '{model}' does not exist", "model_not_found", "model")
+
+    return api
+
+
+class GatewayApp:
+    """The ASGI entry point: lifespan, the hot path, then FastAPI for the rest."""
+
+    def __init__(self, gateway: Gateway, api: FastAPI | None = None) -> None:
+        self.gateway = gateway
+        self.api = api or create_api(gateway)
+        self.proxy = Proxy(gateway)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            endpoint = ENDPOINTS.get(scope["path"])
+            if endpoint is not None and scope["method"] == "POST":
+                await self.proxy.handle(scope, receive, send, endpoint)
+                return
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        await self.api(scope, receive, send)
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.gateway.start()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.gateway.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return

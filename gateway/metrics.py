@@ -1,0 +1,135 @@
+"""The gateway's own Prometheus metrics (prefix ``gateway_``), in a registry of its own."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
+
+from gateway.core.engines import EngineState
+
+# Buckets resolve the SLO region finely (tens of ms for ITL, hundreds for TTFT).
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+TOKEN_BUCKETS = (0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.requests = Counter(
+            "gateway_requests",
+            "Requests answered, by class, pool and HTTP status.",
+            ("class", "pool", "status"),
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "gateway_ttft_seconds",
+            "Time to first token of streamed responses, as the gateway saw it.",
+            ("class", "pool"),
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "gateway_itl_seconds",
+            "Gaps between streamed events of a response, as the gateway saw them.",
+            ("class", "pool"),
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.routing = Counter(
+            "gateway_routing_decisions",
+            "Engine choices, by the reason the engine was chosen.",
+            ("pool", "engine", "reason"),
+            registry=r,
+        )
+        self.predicted_cached = Histogram(
+            "gateway_predicted_cached_tokens",
+            "Prompt tokens the router expected the chosen engine to hold in its prefix cache.",
+            ("pool",),
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.admission = Counter(
+            "gateway_admission", "Admission decisions by class.", ("class", "decision"), registry=r
+        )
+        self.queue_wait = Histogram(
+            "gateway_queue_wait_seconds",
+            "Time requests waited in the gateway.",
+            ("class",),
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.slo_budget = Gauge(
+            "gateway_slo_budget_seconds", "Latency budget of a class (p99).", ("class", "kind"), registry=r
+        )
+        self.upstream_errors = Counter(
+            "gateway_upstream_errors", "Failures talking to engines.", ("pool", "engine", "kind"), registry=r
+        )
+        self.retries = Counter("gateway_retries", "Requests retried on another engine.", ("pool",), registry=r)
+        self.batch_requests = Counter(
+            "gateway_batch_requests", "Batch job lines finished, by outcome.", ("status",), registry=r
+        )
+        self.batches = Gauge("gateway_batches", "Batch jobs by status.", ("status",), registry=r)
+
+    def watch_state(self, state: StateSource) -> None:
+        """Export engine and queue state read at scrape time, so the hot path pays nothing for it."""
+        self.registry.register(_StateCollector(state))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    @staticmethod
+    def forget(metric: MetricWrapperBase, *labels: str) -> None:
+        with contextlib.suppress(KeyError):
+            metric.remove(*labels)
+
+
+class StateSource(Protocol):
+    def engines(self) -> list[EngineState]: ...
+
+    def queue_depths(self) -> dict[tuple[str, str], int]: ...
+
+    def prefix_hit_estimates(self) -> dict[str, float]: ...
+
+    def concurrency_limits(self) -> dict[str, float]: ...
+
+
+class _StateCollector(Collector):
+    def __init__(self, state: StateSource) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        inflight = GaugeMetricFamily("gateway_inflight", "Requests in flight to an engine.", labels=("pool", "engine"))
+        healthy = GaugeMetricFamily(
+            "gateway_engine_healthy", "1 while the engine passes health checks.", labels=("pool", "engine")
+        )
+        limit = GaugeMetricFamily(
+            "gateway_engine_concurrency_limit",
+            "Adaptive concurrency limit of an engine (requests in flight it may hold).",
+            labels=("pool", "engine"),
+        )
+        limits = self.state.concurrency_limits()
+        for engine in self.state.engines():
+            inflight.add_metric((engine.pool, engine.id), engine.inflight)
+            healthy.add_metric((engine.pool, engine.id), 1.0 if engine.healthy else 0.0)
+            if engine.id in limits:
+                limit.add_metric((engine.pool, engine.id), limits[engine.id])
+        depth = GaugeMetricFamily("gateway_queue_depth", "Requests waiting in the gateway.", labels=("pool", "class"))
+        for (pool, cls), n in self.state.queue_depths().items():
+            depth.add_metric((pool, cls), n)
+        ratio = GaugeMetricFamily(
+            "gateway_prefix_hit_ratio_estimate",
+            "Predicted share of prompt tokens served from engines' prefix caches.",
+            labels=("pool",),
+        )
+        for pool, value in self.state.prefix_hit_estimates().items():
+            ratio.add_metric((pool,), value)
+        yield from (inflight, healthy, limit, depth, ratio)

@@ -1,0 +1,134 @@
+"""The running gateway: configuration, core, engine monitor and metrics, wired together.
+
+The HTTP layer and background loops call into one ``Gateway``; the pure core inside it
+(the ``Dispatcher``) is the only place decisions are made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from gateway import log
+from gateway.auth import Authenticator, OpenAccess
+from gateway.config import Config
+from gateway.core.classes import CLASSES, Budget
+from gateway.core.dispatcher import Dispatch, Dispatcher, Outcome, PoolSpec, Rejection
+from gateway.core.request import RouteRequest
+from gateway.metrics import GatewayMetrics
+from gateway.upstream.h1 import EngineClient
+from gateway.upstream.monitor import EngineMonitor
+
+POLL_INTERVAL_S = 0.05
+
+
+class Gateway:
+    def __init__(self, config: Config, auth: Authenticator | None = None) -> None:
+        self.config = config
+        self.metrics = GatewayMetrics()
+        self.dispatcher = Dispatcher(
+            [
+                PoolSpec(
+                    name,
+                    list(pool.engines) if not pool.discovery else [],
+                    policy=pool.policy,
+                    takes_priority=pool.takes_priority,
+                )
+                for name, pool in config.pools.items()
+            ],
+            home={cls: spec.pool for cls, spec in config.classes.items()},
+        )
+        self.metrics.watch_state(self.dispatcher)
+        self.budgets: dict[str, Budget] = {cls: spec.budget for cls, spec in config.classes.items()}
+        self.monitor = EngineMonitor(
+            self.dispatcher,
+            self.metrics,
+            self._make_client,
+            health_interval_s=config.health_interval_s,
+            health_timeout_s=config.health_timeout_s,
+            unhealthy_after=config.unhealthy_after,
+            scrape_interval_s=config.scrape_interval_s,
+        )
+        self.auth: Authenticator = auth or OpenAccess()
+        self.limiter = None
+        self.block_chars = int(config.prefix.get("block_chars", 64))
+        self.block_tokens = int(config.prefix.get("block_tokens", 16))
+        self._configured_models = {p.model for p in config.pools.values() if p.model}
+        self._waiters: dict[str, asyncio.Future[Outcome]] = {}
+        self._poller: asyncio.Task[None] | None = None
+
+    def _make_client(self, engine_id: str, pool: str) -> EngineClient:
+        return EngineClient(
+            engine_id,
+            connect_timeout=self.config.connect_timeout_s,
+            read_timeout=self.config.read_timeout_s,
+            api_key=self.config.pools[pool].api_key,
+        )
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        for cls in CLASSES:
+            budget = self.budgets[cls]
+            for kind, value in (("ttft_p99", budget.ttft_s), ("itl_p99", budget.itl_s)):
+                if value is not None:
+                    self.metrics.slo_budget.labels(cls, kind).set(value)
+        for name, pool in self.config.pools.items():
+            if pool.discovery:
+                self.monitor.discover(name, pool.discovery, pool.discovery_interval_s)
+            else:
+                for url in pool.engines:
+                    self.monitor.watch(url, name)
+        self._poller = asyncio.create_task(self._poll_loop(), name="dispatcher poll")
+        log.info(
+            "gateway_started",
+            pools=",".join(f"{n}:{len(p.engines) or p.discovery}" for n, p in self.config.pools.items()),
+            store=self.config.store,
+        )
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        await self.monitor.close()
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.cancel()
+        log.info("gateway_stopped")
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(POLL_INTERVAL_S)
+            self.settle(self.dispatcher.poll(time.monotonic()))
+
+    # -- models ------------------------------------------------------------------------
+
+    def model_ids(self) -> set[str]:
+        return self.monitor.model_ids() | self._configured_models
+
+    # -- queued requests ------------------------------------------------------------------
+
+    async def wait_turn(self, req: RouteRequest) -> Outcome:
+        fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._waiters[req.id] = fut
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self.dispatcher.cancel(req, time.monotonic())
+            raise
+        finally:
+            self._waiters.pop(req.id, None)
+
+    def settle(self, outcomes: list[Outcome]) -> None:
+        """Hand queued requests their turn (or their refusal)."""
+        for outcome in outcomes:
+            fut = self._waiters.get(outcome.request.id)
+            if fut is not None and not fut.done():
+                fut.set_result(outcome)
+            elif isinstance(outcome, Dispatch):
+                # Nobody waits for it any more: give the slot back.
+                self.settle(self.dispatcher.finish(outcome, time.monotonic(), ok=False))
+            elif not isinstance(outcome, Rejection):
+                log.warning("unsettled_outcome", request_id=outcome.request.id)

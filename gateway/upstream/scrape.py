@@ -1,0 +1,58 @@
+"""Reading the few vLLM ``/metrics`` series that routing and admission use.
+
+Only lines that start with a wanted name are looked at, so a 50 KB exposition costs a
+single pass of ``startswith`` checks. Samples of one name are summed across label sets
+(an engine with several ``engine=`` shards is one engine to the gateway).
+"""
+
+from __future__ import annotations
+
+import re
+
+from gateway.core.engines import EngineMetrics
+
+_WANTED = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:prefix_cache_queries_total": "prefix_queries",
+    "vllm:prefix_cache_hits_total": "prefix_hits",
+}
+_PREFIXES = (*_WANTED, "vllm:cache_config_info")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_vllm_metrics(text: str) -> EngineMetrics:
+    values: dict[str, float] = {}
+    metrics = EngineMetrics()
+    for line in text.splitlines():
+        if not line.startswith(_PREFIXES):
+            continue
+        name_end = line.find("{")
+        space = line.rfind(" ")
+        if space < 0:
+            continue
+        name = line[:name_end] if 0 <= name_end < space else line[:space]
+        if name == "vllm:cache_config_info":
+            labels = dict(_LABEL.findall(line[name_end:space]))
+            metrics.block_size = _int(labels.get("block_size"))
+            metrics.num_blocks = _int(labels.get("num_gpu_blocks"))
+            metrics.model = labels.get("model_name")
+            continue
+        field = _WANTED.get(name)
+        if field is None:
+            continue
+        try:
+            values[field] = values.get(field, 0.0) + float(line[space + 1 :])
+        except ValueError:
+            continue
+    for field, value in values.items():
+        setattr(metrics, field, value)
+    return metrics
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(float(value)) if value not in (None, "None") else None
+    except ValueError:
+        return None

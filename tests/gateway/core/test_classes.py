@@ -1,0 +1,40 @@
+import pytest
+
+from gateway.core.classes import BATCH, INTERACTIVE, Budget, ClassificationError, classify
+
+
+def test_header_is_case_insensitive_and_absent_means_default():
+    assert classify("Batch") == BATCH
+    assert classify(" INTERACTIVE ") == INTERACTIVE
+    assert classify(None) == INTERACTIVE
+    assert classify(None, default=BATCH) == BATCH
+
+
+def test_unknown_class_is_a_400():
+    with pytest.raises(ClassificationError) as err:
+        classify("urgent")
+    assert err.value.status == 400
+    assert err.value.code == "invalid_priority"
+
+
+def test_key_without_interactive_gets_403_not_a_silent_downgrade():
+    with pytest.raises(ClassificationError) as err:
+        classify("interactive", default=BATCH, allowed=frozenset({BATCH}))
+    assert err.value.status == 403
+    assert classify(None, default=BATCH, allowed=frozenset({BATCH})) == BATCH
+
+
+def test_budget_headers_tighten_but_never_loosen():
+    budget = Budget(ttft_s=0.5, itl_s=0.05)
+    tighter = budget.tightened("200", "20")
+    assert (tighter.ttft_s, tighter.itl_s) == (0.2, 0.02)
+    looser = budget.tightened("5000", "500")
+    assert (looser.ttft_s, looser.itl_s) == (0.5, 0.05)
+    assert Budget().tightened("300", None).ttft_s == 0.3
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "0", "nan", "inf"])
+def test_bad_budget_header_is_a_400(value):
+    with pytest.raises(ClassificationError) as err:
+        Budget(0.5, 0.05).tightened(value, None)
+    assert err.value.status == 400

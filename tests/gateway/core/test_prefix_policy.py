@@ -1,0 +1,140 @@
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.core.dispatcher import Dispatch, Dispatcher, PoolSpec
+from gateway.core.engines import EngineMetrics
+from gateway.core.prefix import chain_seed, estimate_tokens, hash_blocks
+from gateway.core.request import RouteRequest
+
+ENGINES = [f"http://e{i}:8000" for i in range(4)]
+
+
+def request(i: int, text: str, session: str | None = None) -> RouteRequest:
+    return RouteRequest(
+        f"r{i}",
+        "interactive",
+        "m",
+        float(i),
+        prompt_tokens=estimate_tokens(text),
+        prefix=hash_blocks(text, chain_seed("m")),
+        session=session,
+    )
+
+
+def conversation(c: int, turns: int) -> str:
+    return "".join(f"<user {c} turn {t}> " + f"words of conversation {c} " * 12 for t in range(turns))
+
+
+def dispatcher(load_factor: float = 1.25) -> Dispatcher:
+    return Dispatcher([PoolSpec("interactive", ENGINES, policy="prefix", policy_options={"load_factor": load_factor})])
+
+
+def test_follow_up_turns_go_where_the_conversation_is_cached():
+    d = dispatcher()
+    first = {}
+    for c in range(8):
+        out = d.submit(request(c, conversation(c, 1)), 0.0)
+        assert isinstance(out, Dispatch)
+        first[c] = out.engine.id
+        d.finish(out, 0.1)
+    for c in range(8):
+        out = d.submit(request(100 + c, conversation(c, 3)), 1.0)
+        assert isinstance(out, Dispatch)
+        assert out.engine.id == first[c]
+        assert out.predicted_cached_tokens > 0
+        d.finish(out, 1.1)
+
+
+def test_two_routers_that_share_nothing_agree_on_new_prefixes():
+    a, b = dispatcher(), dispatcher()
+    # Router a has seen other traffic; router b has seen nothing.
+    for i in range(20):
+        out = a.submit(request(1000 + i, conversation(500 + i, 2)), 0.0)
+        a.finish(out, 0.0)
+    for c in range(30):
+        out_a = a.submit(request(c, conversation(c, 1)), 1.0)
+        out_b = b.submit(request(c, conversation(c, 1)), 1.0)
+        assert out_a.engine.id == out_b.engine.id
+        assert out_a.reason == out_b.reason == "rendezvous"
+        a.finish(out_a, 1.0)
+        b.finish(out_b, 1.0)
+
+
+def test_same_sequence_same_choices_across_instances():
+    runs = []
+    for _ in range(2):
+        d = dispatcher()
+        choices = []
+        live = []
+        for i in range(200):
+            out = d.submit(request(i, conversation(i % 13, 1 + i % 4)), float(i))
+            choices.append(out.engine.id)
+            live.append(out)
+            if i % 3 == 0:
+                d.finish(live.pop(0), float(i))
+        runs.append(choices)
+    assert runs[0] == runs[1]
+
+
+def test_hot_prefix_spreads_instead_of_piling_up():
+    d = dispatcher()
+    system = "You are a helpful assistant. " * 40
+    live = []
+    for i in range(64):
+        live.append(d.submit(request(i, system + f"question {i}"), 0.0))
+    loads = [e.inflight for e in d.engines()]
+    assert max(loads) <= math.ceil(1.25 * 64 / 4)
+    assert min(loads) > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 4), st.booleans()), min_size=1, max_size=150),
+    factor=st.sampled_from([1.0, 1.1, 1.25, 1.5, 2.0]),
+)
+def test_no_engine_is_chosen_above_the_load_bound(ops, factor):
+    d = dispatcher(factor)
+    live: list[Dispatch] = []
+    for i, (conv, turns, finish_one) in enumerate(ops):
+        engines = d.engines()
+        total = sum(e.load for e in engines)
+        bound = math.ceil(factor * (total + 1) / len(engines) - 1e-9)
+        out = d.submit(request(i, conversation(conv, turns)), float(i))
+        assert isinstance(out, Dispatch)
+        assert out.engine.load <= bound  # its load after taking this request
+        live.append(out)
+        if finish_one and live:
+            d.finish(live.pop(0), float(i))
+
+
+def test_session_pin_holds_then_releases_on_overload_and_death():
+    d = dispatcher(load_factor=1.0)
+    pinned = d.submit(request(0, "short", session="s1"), 0.0)
+    d.finish(pinned, 0.0)
+    home = pinned.engine
+    again = d.submit(request(1, "a different prompt entirely " * 5, session="s1"), 1.0)
+    assert again.engine is home and again.reason == "session"
+    # Overload the pinned engine: the pin is released, the request goes elsewhere.
+    extra = [d.submit(request(10 + i, "x"), 1.0) for i in range(6)]
+    for out in extra:
+        if out.engine is not home:
+            d.finish(out, 1.0)
+    moved = d.submit(request(2, "more", session="s1"), 2.0)
+    assert moved.engine is not home
+    # The pin followed the request; now kill that engine.
+    d.set_health(moved.engine.id, False, 3.0)
+    after = d.submit(request(3, "again", session="s1"), 3.0)
+    assert after.engine is not moved.engine and after.engine.healthy
+
+
+def test_engine_restart_clears_what_the_index_believed():
+    d = dispatcher()
+    out = d.submit(request(0, conversation(1, 2)), 0.0)
+    d.finish(out, 0.0)
+    engine = out.engine
+    d.apply_scrape(engine.id, EngineMetrics(prefix_queries=5000, prefix_hits=1000), 1.0)
+    d.apply_scrape(engine.id, EngineMetrics(prefix_queries=10, prefix_hits=0), 2.0)  # counters reset
+    follow = d.submit(request(1, conversation(1, 3)), 3.0)
+    assert follow.reason != "affinity"
