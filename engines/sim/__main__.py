@@ -1,0 +1,3 @@
+from engines.sim.cli import main
+
+main()

@@ -1,0 +1,453 @@
+"""The engine model: vLLM v1's scheduler over a paged KV cache, with time passed in.
+
+Pure: no asyncio, no clock, no I/O. Both drivers (the real-time HTTP server and a virtual-time
+simulator) use it the same way::
+
+    core = EngineCore(load_profile("tiny-cpu"), model="tiny")
+    core.add_request(EngineRequest("r1", prompt_tokens=1000, block_hashes=hashes, max_tokens=64), now)
+    while core.has_work:
+        result = core.step(now)        # schedule and execute one engine step starting at ``now``
+        now += result.duration_s       # its tokens exist at ``now + duration_s``
+        deliver(result.outputs)        # [(id, n_new_tokens, first_token, finished, finish_reason)]
+
+``step`` advances the state to the end of the step at once; a driver delivers its outputs when
+the step's time is over. ``abort`` between steps drops a request that has not finished yet.
+
+Scheduling rules (after ``vllm/v1/core/sched/scheduler.py``):
+- A step has a budget of ``max_num_batched_tokens`` tokens. Running requests are served first, in
+  the order they were admitted, each asking for all its uncomputed tokens (1 when decoding, ``1 + k``
+  with ``k`` speculative tokens); then waiting requests are admitted while fewer than
+  ``max_num_seqs`` run and budget is left: FCFS in arrival order, or with the ``priority`` policy by
+  ``(priority, arrival)``, lower first. The head of the queue blocks the rest (no skipping).
+- A prompt that does not fit in the remaining budget is prefilled in chunks over several steps; a
+  request emits its first token in the step that computes its last prompt token.
+- On admission the longest cached prefix of the request's block hashes is reused, but never the
+  last token: a fully cached prompt still computes its last token (hits are whole blocks of at most
+  ``num_tokens - 1`` tokens). ``prefix_cache_queries`` grows by the request's tokens and
+  ``prefix_cache_hits`` by the reused tokens, on first admission only (as vLLM's counters).
+- Blocks are allocated for the tokens scheduled (plus lookahead for speculative tokens) and become
+  hashed, hence hittable, as soon as they are scheduled full. Generated tokens fill blocks too.
+- When a running request cannot get the blocks it needs, a victim is preempted (recompute: its
+  blocks are freed, its progress reset, it goes back to the front of the waiting queue): the last
+  admitted running request (FCFS) or the lowest priority, latest arrival (priority). If the victim
+  is the request itself, the running pass stops. Admission of waiting requests is skipped in a step
+  that preempted.
+- A request finishes with ``length`` at ``max_tokens`` (or ``max_model_len``), with ``stop`` at its
+  natural end ``eos_at`` (not before ``min_tokens``, never with ``ignore_eos``), or with ``abort``.
+- ``priority`` is ignored under the FCFS policy (as vLLM).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from engines.sim import tokens
+from engines.sim.kv_cache import KVCache, KVEvent, TokenIdsOf
+from engines.sim.profile import Profile
+from engines.sim.stats import EngineStats, RequestTimes
+
+FCFS = "fcfs"
+PRIORITY = "priority"
+
+
+@dataclass(slots=True, eq=False)
+class EngineRequest:
+    id: str
+    prompt_tokens: int
+    block_hashes: list[int]
+    max_tokens: int
+    priority: int = 0
+    arrival: float = 0.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    eos_at: int | None = None
+    """Output length at which the model emits EOS (``None``: never)."""
+    prompt_token_ids: Sequence[int] | None = None
+    """Only for the token ids of ``BlockStored`` events; made up from block hashes when absent."""
+
+
+class StepOutput(NamedTuple):
+    request_id: str
+    new_tokens: int
+    first_token: bool
+    finished: bool
+    finish_reason: str | None
+    cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache (set on the first-token output)."""
+
+
+@dataclass(slots=True)
+class StepResult:
+    duration_s: float
+    outputs: list[StepOutput] = field(default_factory=list)
+    prefill_tokens: int = 0
+    decode_seqs: int = 0
+    scheduled_tokens: int = 0
+    preempted: list[str] = field(default_factory=list)
+    kv_events: list[KVEvent] = field(default_factory=list)
+
+
+WAITING, RUNNING, FINISHED = 0, 1, 2
+
+
+@dataclass(slots=True, eq=False)
+class _Seq:
+    req: EngineRequest
+    order: int
+    times: RequestTimes
+    status: int = WAITING
+    num_computed: int = 0
+    num_output: int = 0
+    blocks: list[int] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)
+    num_hashed: int = 0
+    stop_at: int = 0
+    rng: random.Random | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.req.prompt_tokens + self.num_output
+
+    def sort_key(self) -> tuple[int, float, int]:
+        return (self.req.priority, self.req.arrival, self.order)
+
+    def __lt__(self, other: _Seq) -> bool:
+        return self.sort_key() < other.sort_key()
+
+
+class EngineCore:
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        model: str = "sim-model",
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        block_size: int | None = None,
+        num_blocks: int | None = None,
+        max_model_len: int | None = None,
+        enable_prefix_caching: bool | None = None,
+        scheduling_policy: str = FCFS,
+        seed: int = 0,
+        kv_events: bool = False,
+    ) -> None:
+        if scheduling_policy not in (FCFS, PRIORITY):
+            raise ValueError(f"scheduling_policy must be {FCFS!r} or {PRIORITY!r}")
+        self.profile = profile = profile.with_overrides(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            max_model_len=max_model_len,
+            enable_prefix_caching=enable_prefix_caching,
+        )
+        self.model = model
+        self.scheduling_policy = scheduling_policy
+        self.seed = seed
+        self.block_size = profile.block_size
+        self.max_num_seqs = profile.max_num_seqs
+        self.max_num_batched_tokens = profile.max_num_batched_tokens
+        self.max_model_len = min(profile.max_model_len, profile.num_blocks * profile.block_size)
+        self.spec_k = profile.speculative.num_speculative_tokens
+        self.kv_events: list[KVEvent] | None = [] if kv_events else None
+        self.cache = KVCache(profile.num_blocks, profile.block_size, profile.enable_prefix_caching, self.kv_events)
+        self.stats = EngineStats(self.max_model_len)
+        self._seqs: dict[str, _Seq] = {}
+        self._running: list[_Seq] = []
+        self._fcfs: deque[_Seq] = deque()
+        self._heap: list[_Seq] = []
+        self._order = 0
+
+    # -- gauges ----------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._seqs) - len(self._running)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.cache.usage
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._seqs)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._seqs
+
+    # -- requests ----------------------------------------------------------------
+
+    def add_request(self, req: EngineRequest, now: float) -> None:
+        if req.id in self._seqs:
+            raise ValueError(f"duplicate request id {req.id!r}")
+        if req.prompt_tokens < 1:
+            raise ValueError("a request needs at least one prompt token")
+        if req.prompt_tokens >= self.max_model_len:
+            raise ValueError(f"prompt of {req.prompt_tokens} tokens does not fit max_model_len {self.max_model_len}")
+        req.arrival = now
+        self._order += 1
+        seq = _Seq(req, self._order, RequestTimes(arrival=now, max_tokens=req.max_tokens))
+        seq.hashes = list(req.block_hashes[: req.prompt_tokens // self.block_size])
+        seq.stop_at = min(req.max_tokens, self.max_model_len - req.prompt_tokens)
+        if self.spec_k:
+            seq.rng = random.Random(tokens.prompt_seed(req.id, self.seed))
+        self._seqs[req.id] = seq
+        self._enqueue(seq)
+
+    def abort(self, request_id: str, now: float) -> bool:
+        """Drop a request that has not finished; ``False`` if it is unknown or already done."""
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            return False
+        if seq.status == RUNNING:
+            self._running.remove(seq)
+        else:
+            self._dequeue(seq)
+        self._finish(seq, "abort", now)
+        return True
+
+    def _enqueue(self, seq: _Seq, front: bool = False) -> None:
+        seq.status = WAITING
+        if self.scheduling_policy == PRIORITY:
+            heapq.heappush(self._heap, seq)
+        elif front:
+            self._fcfs.appendleft(seq)
+        else:
+            self._fcfs.append(seq)
+
+    def _dequeue(self, seq: _Seq) -> None:
+        if self.scheduling_policy == PRIORITY:
+            self._heap.remove(seq)
+            heapq.heapify(self._heap)
+        else:
+            self._fcfs.remove(seq)
+
+    def _peek_waiting(self) -> _Seq | None:
+        if self.scheduling_policy == PRIORITY:
+            return self._heap[0] if self._heap else None
+        return self._fcfs[0] if self._fcfs else None
+
+    def _pop_waiting(self) -> None:
+        if self.scheduling_policy == PRIORITY:
+            heapq.heappop(self._heap)
+        else:
+            self._fcfs.popleft()
+
+    # -- one engine step -------------------------------------------------------
+
+    def step(self, now: float) -> StepResult:
+        scheduled, preempted = self._schedule(now)
+        result = StepResult(0.0, preempted=[s.req.id for s in preempted])
+        if not scheduled:
+            self._drain_events(result)
+            return result
+        prefill = decode_tokens = decode_seqs = context = 0
+        spec_in_step = False
+        for seq, n in scheduled:
+            context += seq.num_computed + n
+            if seq.num_tokens - seq.num_computed > 1 and n <= seq.num_tokens - seq.num_computed:
+                prefill += n
+            else:
+                decode_tokens += n
+                decode_seqs += 1
+                spec_in_step = spec_in_step or n > 1
+        duration = self.profile.timing.step_s(prefill, decode_tokens, len(scheduled), context)
+        if spec_in_step:
+            duration *= self.profile.speculative.verify_cost_factor
+        end = now + duration
+        result.duration_s = duration
+        result.prefill_tokens = prefill
+        result.decode_seqs = decode_seqs
+        result.scheduled_tokens = prefill + decode_tokens
+        self.stats.iteration_tokens.observe(prefill + decode_tokens)
+        for seq, n in scheduled:
+            output = self._advance(seq, n, end)
+            if output is not None:
+                result.outputs.append(output)
+        self._drain_events(result)
+        return result
+
+    def _drain_events(self, result: StepResult) -> None:
+        if self.kv_events:
+            result.kv_events = self.kv_events[:]
+            self.kv_events.clear()
+
+    def _schedule(self, now: float) -> tuple[list[tuple[_Seq, int]], list[_Seq]]:
+        budget = self.max_num_batched_tokens
+        scheduled: dict[_Seq, int] = {}
+        preempted: list[_Seq] = []
+        running = self._running
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            want = seq.num_tokens - seq.num_computed
+            lookahead = 0
+            if want == 1 and self.spec_k:
+                lookahead = min(self.spec_k, budget - 1, seq.stop_at - seq.num_output - 1)
+                want += max(0, lookahead)
+            n = min(want, budget)
+            victim = None
+            while not self._allocate(seq, n):
+                victim = self._pick_victim()
+                if victim in scheduled:
+                    budget += scheduled.pop(victim)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if victim is seq:
+                break
+            scheduled[seq] = n
+            budget -= n
+            if running[i] is seq:
+                i += 1
+            else:
+                i = running.index(seq) + 1
+        if not preempted:
+            while budget > 0 and len(running) < self.max_num_seqs:
+                seq = self._peek_waiting()
+                if seq is None:
+                    break
+                hit = self.cache.find_prefix(seq.hashes, (seq.num_tokens - 1) // self.block_size)
+                cached = len(hit) * self.block_size
+                n = min(seq.num_tokens - cached, budget)
+                if not self.cache.can_allocate(self._blocks_needed(seq, cached + n, len(hit)), hit):
+                    break
+                self._pop_waiting()
+                self.cache.touch(hit)
+                seq.blocks = list(hit)
+                seq.num_hashed = len(hit)
+                seq.num_computed = cached
+                self._allocate(seq, n)
+                seq.status = RUNNING
+                running.append(seq)
+                scheduled[seq] = n
+                budget -= n
+                self._admitted(seq, cached, now)
+        return list(scheduled.items()), preempted
+
+    def _admitted(self, seq: _Seq, cached: int, now: float) -> None:
+        times = seq.times
+        if times.scheduled is not None:
+            return
+        times.scheduled = now
+        times.cached_tokens = cached
+        self.stats.prefix_cache_queries += seq.num_tokens
+        self.stats.prefix_cache_hits += cached
+
+    def _blocks_needed(self, seq: _Seq, tokens_after: int, held: int) -> int:
+        return max(0, -(-tokens_after // self.block_size) - held)
+
+    def _allocate(self, seq: _Seq, n: int) -> bool:
+        """Blocks for ``n`` more tokens of ``seq`` (and hashes for the ones that become full)."""
+        needed = self._blocks_needed(seq, seq.num_computed + n, len(seq.blocks))
+        if needed:
+            if needed > self.cache.num_free:
+                return False
+            seq.blocks.extend(self.cache.allocate(needed))
+        full = min(seq.num_computed + n, seq.num_tokens) // self.block_size
+        upto = min(full, len(seq.hashes))
+        if upto > seq.num_hashed:
+            token_ids_of = self._token_ids_of(seq) if self.kv_events is not None else None
+            self.cache.cache_blocks(seq.blocks, seq.hashes, seq.num_hashed, upto, token_ids_of)
+            seq.num_hashed = upto
+        return True
+
+    def _token_ids_of(self, seq: _Seq) -> TokenIdsOf:
+        ids = seq.req.prompt_token_ids
+        bs = self.block_size
+        prompt_blocks = seq.req.prompt_tokens // bs
+
+        def token_ids_of(index: int, block_hash: int) -> list[int]:
+            if ids is not None and index < prompt_blocks and len(ids) >= (index + 1) * bs:
+                return list(ids[index * bs : (index + 1) * bs])
+            return tokens.synthetic_token_ids(block_hash, bs)
+
+        return token_ids_of
+
+    def _pick_victim(self) -> _Seq:
+        if self.scheduling_policy == PRIORITY:
+            victim = max(self._running, key=_Seq.sort_key)
+            self._running.remove(victim)
+            return victim
+        return self._running.pop()
+
+    def _preempt(self, seq: _Seq) -> None:
+        self.cache.free(seq.blocks)
+        seq.blocks = []
+        seq.num_hashed = 0
+        seq.num_computed = 0
+        seq.times.preemptions += 1
+        self.stats.preemptions += 1
+        self._enqueue(seq, front=True)
+
+    def _advance(self, seq: _Seq, n: int, end: float) -> StepOutput | None:
+        before = seq.num_tokens
+        seq.num_computed += n
+        if seq.num_computed < before:
+            return None  # a prefill chunk that is not the last one
+        new = 1
+        if n > 1 and seq.num_computed > before and seq.rng is not None:
+            # Speculative tokens: each accepted until the first rejection.
+            drafts = seq.num_computed - before
+            accepted = 0
+            rate = self.profile.speculative.acceptance_rate
+            while accepted < drafts and seq.rng.random() < rate:
+                accepted += 1
+            new += accepted
+            seq.num_computed = before  # rejected drafts are not in the KV cache
+            seq.num_computed += accepted
+        new, reason = self._stop(seq, new)
+        first = seq.num_output == 0
+        self._append_output(seq, new)
+        stats = self.stats
+        stats.generation_tokens += new
+        times = seq.times
+        if first:
+            times.first_token = end
+            stats.ttft.observe(end - times.arrival)
+            stats.prompt_tokens += seq.req.prompt_tokens
+            stats.prompt_tokens_cached += times.cached_tokens
+            stats.prompt_tokens_computed += seq.req.prompt_tokens - times.cached_tokens
+        elif times.last_token is not None:
+            stats.itl.observe(end - times.last_token)
+        times.last_token = end
+        if reason is not None:
+            self._running.remove(seq)
+            self._finish(seq, reason, end)
+        return StepOutput(seq.req.id, new, first, reason is not None, reason, times.cached_tokens if first else 0)
+
+    def _stop(self, seq: _Seq, new: int) -> tuple[int, str | None]:
+        req = seq.req
+        total = seq.num_output + new
+        if not req.ignore_eos and req.eos_at is not None:
+            eos = max(req.eos_at, req.min_tokens, 1)
+            if eos <= seq.stop_at and total >= eos:
+                return eos - seq.num_output, "stop"
+        if total >= seq.stop_at:
+            return seq.stop_at - seq.num_output, "length"
+        return new, None
+
+    def _append_output(self, seq: _Seq, new: int) -> None:
+        seq.num_output += new
+        full = seq.num_tokens // self.block_size
+        while len(seq.hashes) < full:
+            parent = seq.hashes[-1] if seq.hashes else tokens.root_hash()
+            seq.hashes.append(tokens.output_block_hash(parent, len(seq.hashes)))
+
+    def _finish(self, seq: _Seq, reason: str, now: float) -> None:
+        seq.status = FINISHED
+        if seq.blocks:
+            self.cache.free(seq.blocks)
+            seq.blocks = []
+        del self._seqs[seq.req.id]
+        self.stats.record_finished(seq.times, reason, seq.req.prompt_tokens, seq.num_output, now)

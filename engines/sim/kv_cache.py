@@ -1,0 +1,174 @@
+"""A paged KV cache with prefix caching, after vLLM v1's ``BlockPool``.
+
+Rules:
+- The cache has ``num_blocks`` blocks of ``block_size`` tokens. A block is either in use (its
+  reference count is the number of requests holding it) or free.
+- A full block can carry a hash (see ``tokens``); while it does, a request whose prompt has
+  that hash may reuse it instead of computing it again (a cache hit). Free blocks keep their hash
+  until they are reused for something else, so a finished request's blocks can still be hit.
+- Free blocks form one queue in eviction order. A request's blocks are freed tail first, so the
+  ends of prompts are evicted before their shared beginnings. Allocation takes from the head of
+  the queue; taking a block that carries a hash evicts it (``BlockRemoved``).
+- A hit on a free block takes it out of the free queue (it is in use again).
+- Usage is the share of blocks not free, as ``vllm:kv_cache_usage_perc``.
+- When ``events`` is a list, ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` records are
+  appended to it in the order they happen, as vLLM's KV event publisher reports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, frozen=True)
+class BlockStored:
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+
+
+@dataclass(slots=True, frozen=True)
+class BlockRemoved:
+    block_hashes: list[int]
+
+
+@dataclass(slots=True, frozen=True)
+class AllBlocksCleared:
+    pass
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+TokenIdsOf = Callable[[int, int], list[int]]
+"""``(block_index, block_hash) -> token ids`` of a block, for ``BlockStored`` events."""
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        events: list[KVEvent] | None = None,
+    ) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.events = events
+        self._ref = [0] * num_blocks
+        self._hash: list[int | None] = [None] * num_blocks
+        # dict keeps insertion order: the first key is the next block to hand out.
+        self._free: dict[int, None] = dict.fromkeys(range(num_blocks))
+        self._cached: dict[int, int] = {}
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - len(self._free) / self.num_blocks
+
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
+
+    def ref_count(self, block: int) -> int:
+        return self._ref[block]
+
+    def is_cached(self, block_hash: int) -> bool:
+        return block_hash in self._cached
+
+    def find_prefix(self, hashes: Sequence[int], max_blocks: int) -> list[int]:
+        """The cached blocks matching the longest prefix of ``hashes`` (at most ``max_blocks``)."""
+        if not self.enable_prefix_caching:
+            return []
+        found = []
+        cached = self._cached
+        for i in range(min(max_blocks, len(hashes))):
+            block = cached.get(hashes[i])
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def can_allocate(self, num_new: int, hit_blocks: Sequence[int] = ()) -> bool:
+        # A hit on a free block takes it out of the free queue, so it cannot be allocated as well.
+        reusable_free = sum(1 for b in hit_blocks if self._ref[b] == 0)
+        return num_new <= len(self._free) - reusable_free
+
+    def touch(self, blocks: Sequence[int]) -> None:
+        ref = self._ref
+        for block in blocks:
+            if ref[block] == 0:
+                del self._free[block]
+            ref[block] += 1
+
+    def allocate(self, count: int) -> list[int]:
+        if count > len(self._free):
+            raise RuntimeError(f"cannot allocate {count} blocks, {len(self._free)} free")
+        free = self._free
+        out = []
+        for _ in range(count):
+            block = next(iter(free))
+            del free[block]
+            self._evict(block)
+            self._ref[block] = 1
+            out.append(block)
+        return out
+
+    def _evict(self, block: int) -> None:
+        block_hash = self._hash[block]
+        if block_hash is None:
+            return
+        self._hash[block] = None
+        if self._cached.get(block_hash) == block:
+            del self._cached[block_hash]
+        if self.events is not None:
+            self.events.append(BlockRemoved([block_hash]))
+
+    def cache_blocks(
+        self,
+        blocks: Sequence[int],
+        hashes: Sequence[int],
+        start: int,
+        end: int,
+        token_ids_of: TokenIdsOf | None = None,
+    ) -> None:
+        """Give ``blocks[start:end]`` (now full) their hashes ``hashes[start:end]``."""
+        if not self.enable_prefix_caching or end <= start:
+            return
+        cached = self._cached
+        for i in range(start, end):
+            block, block_hash = blocks[i], hashes[i]
+            self._hash[block] = block_hash
+            cached.setdefault(block_hash, block)
+        if self.events is not None:
+            new_hashes = list(hashes[start:end])
+            token_ids: list[int] = []
+            if token_ids_of is not None:
+                for i in range(start, end):
+                    token_ids.extend(token_ids_of(i, hashes[i]))
+            parent = hashes[start - 1] if start > 0 else None
+            self.events.append(BlockStored(new_hashes, parent, token_ids, self.block_size))
+
+    def free(self, blocks: Sequence[int]) -> None:
+        """Release a request's blocks, tail first (the tail is evicted before the shared head)."""
+        ref = self._ref
+        free = self._free
+        for block in reversed(blocks):
+            ref[block] -= 1
+            if ref[block] == 0:
+                free[block] = None
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every hash; only possible while no block is in use (as vLLM's reset)."""
+        if len(self._free) != self.num_blocks:
+            return False
+        self._cached.clear()
+        self._hash = [None] * self.num_blocks
+        if self.events is not None:
+            self.events.append(AllBlocksCleared())
+        return True

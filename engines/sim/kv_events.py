@@ -1,0 +1,79 @@
+"""KV cache events over ZMQ, as vLLM's ``--kv-events-config`` zmq publisher sends them.
+
+Rules:
+- One PUB socket. It binds when the endpoint has a ``*`` host or is ``ipc://``/``inproc://``, and
+  connects otherwise (``tcp://host:port``), so many engines can feed one gateway SUB socket.
+- Each batch of events is one message of three frames: the topic, an 8-byte big-endian sequence
+  number (starting at 0, one per message) and a msgpack payload ``[ts, [event, ...], dp_rank]``.
+- Events are maps with a ``"type"`` key: ``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``,
+  with vLLM 0.32's fields; block hashes are unsigned 64-bit ints.
+- Sending never blocks the engine: a message that cannot be queued is dropped, like vLLM's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import zmq
+
+from engines.sim.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+
+
+def should_bind(endpoint: str) -> bool:
+    return endpoint.startswith(("ipc://", "inproc://")) or "*" in endpoint
+
+
+def event_dict(event: KVEvent) -> dict[str, Any]:
+    if isinstance(event, BlockStored):
+        return {
+            "type": "BlockStored",
+            "block_hashes": event.block_hashes,
+            "parent_block_hash": event.parent_block_hash,
+            "token_ids": event.token_ids,
+            "block_size": event.block_size,
+            "lora_id": None,
+            "medium": "GPU",
+            "lora_name": None,
+            "extra_keys": [None] * len(event.block_hashes),
+            "group_idx": 0,
+            "kv_cache_spec_kind": "full_attention",
+        }
+    if isinstance(event, BlockRemoved):
+        return {"type": "BlockRemoved", "block_hashes": event.block_hashes, "medium": "GPU", "group_idx": 0}
+    if isinstance(event, AllBlocksCleared):
+        return {"type": "AllBlocksCleared"}
+    raise TypeError(f"not a KV event: {event!r}")
+
+
+def encode_batch(events: Sequence[KVEvent], ts: float, dp_rank: int = 0) -> bytes:
+    return msgpack.packb([ts, [event_dict(e) for e in events], dp_rank])
+
+
+class ZmqPublisher:
+    def __init__(self, endpoint: str, topic: str = "", hwm: int = 100_000) -> None:
+        self.endpoint = endpoint
+        self.topic = topic.encode()
+        self.seq = 0
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.PUB)
+        self._sock.setsockopt(zmq.SNDHWM, hwm)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        if should_bind(endpoint):
+            self._sock.bind(endpoint)
+        else:
+            self._sock.connect(endpoint)
+
+    def publish(self, events: Sequence[KVEvent]) -> None:
+        if not events:
+            return
+        frames = [self.topic, self.seq.to_bytes(8, "big"), encode_batch(events, time.time())]
+        self.seq += 1
+        with contextlib.suppress(zmq.Again):
+            self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
+
+    def close(self) -> None:
+        self._sock.close(linger=0)

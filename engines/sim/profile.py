@@ -1,0 +1,121 @@
+"""Engine profiles: the engine's limits and how long one engine step takes.
+
+A profile is a YAML file in ``engines/sim/profiles/`` (see ``tiny-cpu.yaml`` for the documented
+format). Step time, in milliseconds, for a step that schedules ``P`` prefill tokens, ``D`` decode
+tokens (one per decoding sequence, ``1 + k`` with speculative decoding), ``S`` sequences and reads
+``C`` tokens of KV context::
+
+    compute = prefill_ms_per_token * P + decode_ms_per_token * D + attention_ms_per_ktoken * C / 1000
+    memory  = weights_ms + kv_read_ms_per_ktoken * C / 1000
+    step    = overhead_ms + per_seq_ms * S + max(compute, memory)
+    step   *= verify_cost_factor        (only when the step verifies speculative tokens)
+
+``memory`` is the memory-bound floor of a GPU step (weights and KV streamed once per step); a CPU
+profile leaves it at zero and the step is plain compute. A step that schedules nothing takes no time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+
+
+@dataclass(slots=True, frozen=True)
+class Timing:
+    overhead_ms: float = 0.0
+    per_seq_ms: float = 0.0
+    prefill_ms_per_token: float = 0.0
+    decode_ms_per_token: float = 0.0
+    attention_ms_per_ktoken: float = 0.0
+    weights_ms: float = 0.0
+    kv_read_ms_per_ktoken: float = 0.0
+
+    def step_s(self, prefill_tokens: int, decode_tokens: int, seqs: int, context_tokens: int) -> float:
+        if seqs == 0:
+            return 0.0
+        kctx = context_tokens / 1000.0
+        compute = (
+            self.prefill_ms_per_token * prefill_tokens
+            + self.decode_ms_per_token * decode_tokens
+            + self.attention_ms_per_ktoken * kctx
+        )
+        memory = self.weights_ms + self.kv_read_ms_per_ktoken * kctx
+        return (self.overhead_ms + self.per_seq_ms * seqs + max(compute, memory)) / 1000.0
+
+
+@dataclass(slots=True, frozen=True)
+class Speculative:
+    """Speculative decoding (e.g. MTP): ``k`` draft tokens per decoding sequence per step.
+
+    Each draft token is accepted with ``acceptance_rate`` until the first rejection, then one
+    token is sampled, so a step yields 1 to ``k + 1`` tokens per sequence.
+    """
+
+    num_speculative_tokens: int = 0
+    acceptance_rate: float = 0.0
+    verify_cost_factor: float = 1.0
+
+
+@dataclass(slots=True, frozen=True)
+class Profile:
+    name: str
+    block_size: int = 16
+    num_blocks: int = 8192
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    enable_prefix_caching: bool = True
+    timing: Timing = field(default_factory=Timing)
+    speculative: Speculative = field(default_factory=Speculative)
+    description: str = ""
+
+    def with_overrides(self, **overrides: Any) -> Profile:
+        """A copy with the given engine fields changed (``None`` values are ignored)."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def with_constant_step(self, step_ms: float) -> Profile:
+        """Every step takes ``step_ms`` whatever it does (``--token-delay-ms``)."""
+        return replace(self, timing=Timing(overhead_ms=step_ms), speculative=Speculative())
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A profile by name (``tiny-cpu``) or by path to a YAML file."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = PROFILE_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown profile {name_or_path!r}; known: {', '.join(available_profiles())}")
+    data = yaml.safe_load(path.read_text())
+    return profile_from_dict(data, default_name=path.stem)
+
+
+def profile_from_dict(data: dict[str, Any], default_name: str = "custom") -> Profile:
+    engine = dict(data.get("engine") or {})
+    known = {f.name for f in fields(Profile)} - {"name", "timing", "speculative", "description"}
+    unknown = set(engine) - known
+    if unknown:
+        raise ValueError(f"unknown engine fields: {sorted(unknown)}")
+    return Profile(
+        name=str(data.get("name", default_name)),
+        timing=_build(Timing, data.get("timing")),
+        speculative=_build(Speculative, data.get("speculative")),
+        description=str(data.get("description", "")),
+        **engine,
+    )
+
+
+def _build(cls: type, values: dict[str, Any] | None) -> Any:
+    values = dict(values or {})
+    unknown = set(values) - {f.name for f in fields(cls)}
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__.lower()} fields: {sorted(unknown)}")
+    return cls(**values)

@@ -1,0 +1,239 @@
+"""The simulated engine's HTTP server: vLLM's OpenAI API on a raw ASGI app.
+
+Rules:
+- One engine per process, driven in real time by ``RealtimeDriver``.
+- Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streamed as SSE or not),
+  ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``GET /load``,
+  ``GET /version``, ``GET /ping``.
+- A generation request enters the engine once its body is parsed and checked; a task watches the
+  connection, and a client that goes away aborts its request in the engine.
+- A streamed response sends one chunk per engine step that gave the request tokens (the role
+  chunk of a chat goes with the first tokens), then the usage chunk when asked, then ``[DONE]``.
+- The ``priority`` field is checked always but only reaches the engine under the priority policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import orjson
+
+from engines.sim import protocol, tokens
+from engines.sim.core import PRIORITY, EngineCore, EngineRequest
+from engines.sim.metrics import MetricsPage
+from engines.sim.protocol import CHAT, COMPLETION, ApiError, ParsedRequest
+from engines.sim.realtime import RealtimeDriver, Stream
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+_METRICS = b"text/plain; version=0.0.4; charset=utf-8"
+_NOT_FOUND = orjson.dumps({"detail": "Not Found"})
+_VERSION = orjson.dumps({"version": "0.32.0"})
+
+
+class SimServer:
+    def __init__(
+        self,
+        driver: RealtimeDriver,
+        *,
+        seed: int = 0,
+        prompt_tokens_details: bool = False,
+        on_shutdown: Callable[[], None] | None = None,
+    ) -> None:
+        self.driver = driver
+        self.core: EngineCore = driver.core
+        self.model = self.core.model
+        self.seed = seed
+        self.prompt_tokens_details = prompt_tokens_details
+        self.on_shutdown = on_shutdown
+        self.metrics = MetricsPage(self.core, created=time.time())
+        self.takes_priority = self.core.scheduling_policy == PRIORITY
+        self.keep_token_ids = self.core.kv_events is not None
+        self._models = orjson.dumps(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model,
+                        "object": "model",
+                        "created": protocol.now_created(),
+                        "owned_by": "vllm",
+                        "root": self.model,
+                        "parent": None,
+                        "max_model_len": self.core.max_model_len,
+                        "permission": [],
+                    }
+                ],
+            }
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.driver.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.driver.stop()
+                if self.on_shutdown is not None:
+                    self.on_shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        method = scope["method"]
+        if method == "POST":
+            if path == "/v1/chat/completions":
+                return await self._generate(CHAT, receive, send)
+            if path == "/v1/completions":
+                return await self._generate(COMPLETION, receive, send)
+            if path == "/v1/embeddings":
+                return await self._embeddings(receive, send)
+        elif method == "GET":
+            if path == "/health":
+                return await _respond(send, 200, b"", [])
+            if path == "/metrics":
+                return await _respond(send, 200, self.metrics.render(), [(b"content-type", _METRICS)])
+            if path == "/v1/models":
+                return await _respond(send, 200, self._models)
+            if path == "/load":
+                load = self.core.num_running + self.core.num_waiting
+                return await _respond(send, 200, b'{"server_load":%d}' % load)
+            if path == "/version":
+                return await _respond(send, 200, _VERSION)
+            if path == "/ping":
+                return await _respond(send, 200, b"", [])
+        await _respond(send, 404, _NOT_FOUND)
+
+    async def _embeddings(self, receive: Receive, send: Send) -> None:
+        try:
+            body = protocol.parse_body(await _read_body(receive))
+            payload = protocol.embeddings_response(body, self.model)
+        except ApiError as exc:
+            return await _respond(send, exc.status, exc.body())
+        await _respond(send, 200, payload)
+
+    async def _generate(self, kind: str, receive: Receive, send: Send) -> None:
+        try:
+            body = protocol.parse_body(await _read_body(receive))
+            req = protocol.parse_generate(body, kind, self.model, self.core.max_model_len, self.seed)
+        except ApiError as exc:
+            return await _respond(send, exc.status, exc.body())
+        engine_req, reply_seed = self._engine_request(req)
+        stream = self.driver.submit(engine_req)
+        watcher = asyncio.get_running_loop().create_task(self._watch(receive, req.id))
+        try:
+            if req.stream:
+                await self._stream(req, stream, reply_seed, send)
+            else:
+                await self._complete(req, stream, reply_seed, send)
+        except OSError:
+            self.driver.abort(req.id)
+        finally:
+            watcher.cancel()
+
+    def _engine_request(self, req: ParsedRequest) -> tuple[EngineRequest, int]:
+        bs = self.core.block_size
+        if req.prompt_ids is not None:
+            hashes = tokens.block_hashes_for_ids(req.prompt_ids, bs, req.cache_salt)
+            reply_seed = tokens.prompt_seed(orjson.dumps(req.prompt_ids), req.seed)
+            ids: list[int] | None = req.prompt_ids
+        else:
+            text = req.prompt_text or ""
+            hashes = tokens.block_hashes_for_text(text, bs, req.cache_salt)
+            reply_seed = tokens.prompt_seed(text, req.seed)
+            ids = tokens.token_ids(text) if self.keep_token_ids else None
+        engine_req = EngineRequest(
+            id=req.id,
+            prompt_tokens=req.prompt_tokens,
+            block_hashes=hashes,
+            max_tokens=req.max_tokens,
+            priority=req.priority if self.takes_priority else 0,
+            min_tokens=req.min_tokens,
+            ignore_eos=req.ignore_eos,
+            eos_at=tokens.natural_length(reply_seed),
+            prompt_token_ids=ids,
+        )
+        return engine_req, reply_seed
+
+    async def _watch(self, receive: Receive, request_id: str) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.driver.abort(request_id)
+                return
+
+    def _usage(self, req: ParsedRequest, stream: Stream) -> dict[str, Any]:
+        cached = stream.cached_tokens if self.prompt_tokens_details else None
+        return protocol.usage(req.prompt_tokens, stream.total, cached)
+
+    async def _complete(self, req: ParsedRequest, stream: Stream, seed: int, send: Send) -> None:
+        while True:
+            _, finished, reason = await stream.next()
+            if finished:
+                break
+        if reason == "abort":
+            return
+        text = tokens.output_text(seed, 0, stream.total - (reason == "stop"))
+        cached = stream.cached_tokens if self.prompt_tokens_details else None
+        payload = protocol.full_response(req, protocol.now_created(), text, reason, stream.total, cached)
+        await _respond(send, 200, payload)
+
+    async def _stream(self, req: ParsedRequest, stream: Stream, seed: int, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        writer = protocol.ChunkWriter(req, protocol.now_created())
+        emitted = 0
+        while True:
+            n, finished, reason = await stream.next()
+            if reason == "abort":
+                return
+            text = tokens.output_text(seed, emitted, n - (reason == "stop"))
+            emitted += n
+            usage = self._usage(req, stream) if req.continuous_usage else None
+            chunk = writer.delta(text, reason if finished else None, usage)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if finished:
+                break
+        tail = protocol.DONE
+        if req.include_usage:
+            tail = writer.usage_chunk(self._usage(req, stream)) + tail
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+
+async def _read_body(receive: Receive) -> bytes:
+    message = await receive()
+    body = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body
+    parts = [body]
+    while message.get("more_body", False):
+        message = await receive()
+        parts.append(message.get("body", b""))
+    return b"".join(parts)
+
+
+async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = _JSON) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
