@@ -120,9 +120,20 @@ def _section(data: Mapping[str, Any], key: str) -> dict[str, Any]:
 
 def parse_config(data: Mapping[str, Any]) -> Config:
     known = {
-        "pools", "classes", "listen", "store", "max_body_bytes", "log_level", "upstream",
-        "health", "scrape", "batch", "keys", "admission", "prefix",
-    }  # fmt: skip
+        "pools",
+        "classes",
+        "listen",
+        "store",
+        "max_body_bytes",
+        "log_level",
+        "upstream",
+        "health",
+        "scrape",
+        "batch",
+        "keys",
+        "admission",
+        "prefix",
+    }
     unknown = set(data) - known
     if unknown:
         raise ConfigError(f"unknown top-level keys: {', '.join(sorted(unknown))}")

@@ -43,7 +43,6 @@ class Gateway:
         self.budgets: dict[str, Budget] = {cls: spec.budget for cls, spec in config.classes.items()}
         self.monitor = EngineMonitor(
             self.dispatcher,
-            self.metrics,
             self._make_client,
             health_interval_s=config.health_interval_s,
             health_timeout_s=config.health_timeout_s,

@@ -237,8 +237,9 @@ class Proxy:
         parsed["priority"] = dispatch.priority
         return orjson.dumps(parsed)
 
-    async def _connect(self, endpoint: Endpoint, dispatch: Dispatch, body: bytes, parsed: dict[str, Any],
-                       request_id: str) -> tuple[Dispatch, Response]:  # fmt: skip
+    async def _connect(
+        self, endpoint: Endpoint, dispatch: Dispatch, body: bytes, parsed: dict[str, Any], request_id: str
+    ) -> tuple[Dispatch, Response]:
         headers = ((b"content-type", b"application/json"), (b"x-request-id", request_id.encode()))
         retried = False
         while True:
@@ -271,8 +272,18 @@ class Proxy:
                 self._finish(dispatch, ok=False)
                 raise ApiError(502, f"engine failed: {exc}", "upstream_error") from None
 
-    async def _relay(self, scope: Scope, receive: Any, send: Any, endpoint: Endpoint, dispatch: Dispatch,
-                     body: bytes, parsed: dict[str, Any], request_id: str, started: float) -> None:  # fmt: skip
+    async def _relay(
+        self,
+        scope: Scope,
+        receive: Any,
+        send: Any,
+        endpoint: Endpoint,
+        dispatch: Dispatch,
+        body: bytes,
+        parsed: dict[str, Any],
+        request_id: str,
+        started: float,
+    ) -> None:
         call = _Call()
         watcher = asyncio.create_task(self._watch_disconnect(receive, call))
         cls = dispatch.request.cls
@@ -330,8 +341,15 @@ class Proxy:
             raise failure
         self._count(cls, dispatch.pool, status)
 
-    async def _stream(self, send: Any, headers: list[tuple[bytes, bytes]], response: Response,
-                      dispatch: Dispatch, started: float, call: _Call) -> None:  # fmt: skip
+    async def _stream(
+        self,
+        send: Any,
+        headers: list[tuple[bytes, bytes]],
+        response: Response,
+        dispatch: Dispatch,
+        started: float,
+        call: _Call,
+    ) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": headers + _SSE_HEADERS})
         call.streaming = True
         ttft_metric, itl_metric = self._timers(dispatch.request.cls, dispatch.pool)

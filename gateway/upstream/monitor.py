@@ -21,7 +21,6 @@ import orjson
 
 from gateway import log
 from gateway.core.dispatcher import Dispatcher
-from gateway.metrics import GatewayMetrics
 from gateway.upstream.discovery import resolve_engines
 from gateway.upstream.h1 import EngineClient, UpstreamError
 from gateway.upstream.scrape import parse_vllm_metrics
@@ -41,7 +40,6 @@ class EngineMonitor:
     def __init__(
         self,
         dispatcher: Dispatcher,
-        metrics: GatewayMetrics,
         make_client: Callable[[str, str], EngineClient],
         *,
         health_interval_s: float = 2.0,
@@ -51,7 +49,6 @@ class EngineMonitor:
         models_every: int = 15,
     ) -> None:
         self.dispatcher = dispatcher
-        self.metrics = metrics
         self.make_client = make_client
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s
@@ -69,7 +66,6 @@ class EngineMonitor:
             return existing.client
         w = EngineWatch(self.make_client(engine_id, pool), pool)
         self.watches[engine_id] = w
-        self.metrics.engine_healthy.labels(pool, engine_id).set(1)
         w.tasks = [
             asyncio.create_task(self._health_loop(engine_id, w), name=f"health {engine_id}"),
             asyncio.create_task(self._scrape_loop(engine_id, w), name=f"scrape {engine_id}"),
@@ -83,8 +79,6 @@ class EngineMonitor:
         for task in w.tasks:
             task.cancel()
         w.client.close()
-        for metric in (self.metrics.engine_healthy, self.metrics.inflight, self.metrics.concurrency_limit):
-            GatewayMetrics.forget(metric, w.pool, engine_id)
 
     def discover(self, pool: str, target: str, interval_s: float) -> None:
         self._discovery.append(asyncio.create_task(self._discovery_loop(pool, target, interval_s)))
@@ -131,7 +125,6 @@ class EngineMonitor:
         if engine is None or engine.healthy == healthy:
             return
         self.dispatcher.set_health(engine_id, healthy, time.monotonic())
-        self.metrics.engine_healthy.labels(w.pool, engine_id).set(1 if healthy else 0)
         if healthy:
             log.info("engine_healthy", engine=engine_id, pool=w.pool, reason=reason)
         else:

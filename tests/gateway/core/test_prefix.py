@@ -30,7 +30,10 @@ def test_only_full_blocks_and_a_cap():
 
 
 def test_chat_rendering_is_canonical():
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+    ]
     assert render_messages(messages) == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
     assert prompt_text({"messages": messages}) == render_messages(messages)
     assert prompt_text({"prompt": "abc"}) == "abc"

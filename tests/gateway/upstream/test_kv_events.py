@@ -1,0 +1,252 @@
+"""KV event subscriber against local ZMQ publishers that speak vLLM's exact wire format.
+
+The publishers are XPUB sockets (wire-compatible with vLLM's PUB) so a test can wait
+for the subscription to arrive instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+import zmq.asyncio
+
+from gateway.upstream.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    KVEventSubscriber,
+    MalformedMessage,
+    decode_message,
+)
+
+HASH_A = 12546693002379343379  # above 2**63: must survive as an unsigned 64-bit int
+HASH_B = 8525767285400775546
+
+
+def stored(hashes: list[Any], parent: Any = None, block_size: int = 128) -> dict[str, Any]:
+    """A BlockStored map as vLLM 0.32's msgspec encoder writes it."""
+    return {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": parent,
+        "token_ids": list(range(len(hashes) * block_size)),
+        "block_size": block_size,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+        "extra_keys": [None] * len(hashes),
+        "group_idx": 0,
+        "kv_cache_spec_kind": "full_attention",
+    }
+
+
+def removed(hashes: list[Any]) -> dict[str, Any]:
+    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU", "group_idx": 0}
+
+
+def frames(topic: str, seq: int, events: list[Any], dp_rank: int | None = 0) -> list[bytes]:
+    body: list[Any] = [time.time(), events]
+    if dp_rank is not None:
+        body.append(dp_rank)
+    return [topic.encode(), seq.to_bytes(8, "big"), msgpack.packb(body)]
+
+
+class Received:
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[KVEventBatch] = asyncio.Queue()
+
+    def __call__(self, batch: KVEventBatch) -> None:
+        self.queue.put_nowait(batch)
+
+    async def next(self) -> KVEventBatch:
+        return await asyncio.wait_for(self.queue.get(), timeout=5)
+
+
+@pytest.fixture
+def context() -> Iterator[zmq.asyncio.Context]:
+    ctx = zmq.asyncio.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def received() -> Received:
+    return Received()
+
+
+@pytest.fixture
+async def subscriber(context: zmq.asyncio.Context, received: Received) -> AsyncIterator[KVEventSubscriber]:
+    async with KVEventSubscriber(received, context=context) as sub:
+        yield sub
+
+
+async def publisher_connected_to(context: zmq.asyncio.Context, endpoint: str) -> zmq.asyncio.Socket:
+    """An engine in connect mode (endpoint without ``*``): it connects to the gateway."""
+    pub = context.socket(zmq.XPUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.connect(endpoint)
+    await asyncio.wait_for(pub.recv(), timeout=5)  # the subscription
+    return pub
+
+
+async def test_bound_socket_decodes_every_event_type(
+    subscriber: KVEventSubscriber, context: zmq.asyncio.Context, received: Received
+) -> None:
+    endpoint = subscriber.bind("tcp://127.0.0.1:*")
+    pub = await publisher_connected_to(context, endpoint)
+    events = [stored([HASH_A, HASH_B]), stored([7], parent=HASH_B), removed([HASH_A]), {"type": "AllBlocksCleared"}]
+    await pub.send_multipart(frames("e8000", 0, events))
+
+    batch = await received.next()
+    assert (batch.source, batch.topic, batch.seq, batch.dp_rank) == (endpoint, "e8000", 0, 0)
+    first, second, third, fourth = batch.events
+    assert isinstance(first, BlockStored)
+    assert first.block_hashes == (HASH_A, HASH_B)
+    assert first.parent_block_hash is None
+    assert (first.block_size, first.token_count, first.medium, first.group_idx) == (128, 256, "GPU", 0)
+    assert isinstance(second, BlockStored)
+    assert second.parent_block_hash == HASH_B
+    assert third == BlockRemoved(block_hashes=(HASH_A,), medium="GPU", group_idx=0)
+    assert fourth == AllBlocksCleared()
+    assert subscriber.stats.events == 4
+
+
+async def test_engines_sharing_a_bound_socket_are_told_apart_by_topic(
+    subscriber: KVEventSubscriber, context: zmq.asyncio.Context, received: Received
+) -> None:
+    endpoint = subscriber.bind("tcp://127.0.0.1:*")
+    first = await publisher_connected_to(context, endpoint)
+    second = await publisher_connected_to(context, endpoint)
+    await first.send_multipart(frames("e1", 0, [stored([1])]))
+    await second.send_multipart(frames("e2", 0, [stored([2])]))
+    await first.send_multipart(frames("e1", 1, [removed([1])]))
+
+    batches = [await received.next() for _ in range(3)]
+    by_topic = {(b.topic, b.seq): b for b in batches}
+    assert set(by_topic) == {("e1", 0), ("e2", 0), ("e1", 1)}
+    assert by_topic[("e2", 0)].events[0].block_hashes == (2,)
+    assert subscriber.stats.gaps == 0
+    assert subscriber.stats.last_seq == {(endpoint, "e1"): 1, (endpoint, "e2"): 0}
+
+
+async def test_connects_to_an_engine_that_binds(
+    subscriber: KVEventSubscriber, context: zmq.asyncio.Context, received: Received
+) -> None:
+    pub = context.socket(zmq.XPUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind("tcp://127.0.0.1:*")
+    endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+    subscriber.connect(endpoint)
+    await asyncio.wait_for(pub.recv(), timeout=5)
+    await pub.send_multipart(frames("", 5, [stored([HASH_A])]))
+
+    batch = await received.next()
+    assert (batch.source, batch.topic, batch.seq) == (endpoint, "", 5)
+    assert (batch.missed, batch.restarted) == (0, False)  # joining mid-stream is not a gap
+    assert subscriber.endpoints == [endpoint]
+    pub.close()
+
+
+async def test_sequence_gap_is_counted_and_delivered(
+    subscriber: KVEventSubscriber, context: zmq.asyncio.Context, received: Received
+) -> None:
+    pub = await publisher_connected_to(context, subscriber.bind("tcp://127.0.0.1:*"))
+    for seq in (0, 1, 4, 5):
+        await pub.send_multipart(frames("e1", seq, [stored([seq])]))
+
+    batches = [await received.next() for _ in range(4)]
+    assert [(b.seq, b.missed) for b in batches] == [(0, 0), (1, 0), (4, 2), (5, 0)]
+    assert (subscriber.stats.gaps, subscriber.stats.missed, subscriber.stats.messages) == (1, 2, 4)
+
+
+async def test_sequence_going_back_means_the_engine_restarted(
+    subscriber: KVEventSubscriber, context: zmq.asyncio.Context, received: Received
+) -> None:
+    pub = await publisher_connected_to(context, subscriber.bind("tcp://127.0.0.1:*"))
+    for seq in (0, 1, 2, 0, 1):
+        await pub.send_multipart(frames("e1", seq, [stored([seq])]))
+
+    batches = [await received.next() for _ in range(5)]
+    assert [b.restarted for b in batches] == [False, False, False, True, False]
+    assert (subscriber.stats.restarts, subscriber.stats.gaps) == (1, 0)
+
+
+async def test_malformed_messages_are_counted_and_delivery_goes_on(
+    subscriber: KVEventSubscriber, context: zmq.asyncio.Context, received: Received
+) -> None:
+    pub = await publisher_connected_to(context, subscriber.bind("tcp://127.0.0.1:*"))
+    await pub.send_multipart([b"e1", (0).to_bytes(8, "big"), b"\xc1 not msgpack"])
+    await pub.send_multipart([b"e1", b"short", msgpack.packb([0.0, []])])
+    await pub.send_multipart([b"e1", (1).to_bytes(8, "big"), msgpack.packb([0.0, [{"type": "BlockStored"}]])])
+    await pub.send_multipart(frames("e1", 2, [stored([9])]))
+
+    batch = await received.next()
+    assert batch.seq == 2
+    assert subscriber.stats.malformed == 3
+    assert subscriber.stats.messages == 1
+
+
+async def test_callback_errors_do_not_stop_delivery(context: zmq.asyncio.Context) -> None:
+    seen: list[int] = []
+
+    def flaky(batch: KVEventBatch) -> None:
+        seen.append(batch.seq)
+        if batch.seq == 0:
+            raise RuntimeError("index unavailable")
+
+    async with KVEventSubscriber(flaky, context=context) as sub:
+        pub = await publisher_connected_to(context, sub.bind("tcp://127.0.0.1:*"))
+        await pub.send_multipart(frames("e1", 0, [stored([1])]))
+        await pub.send_multipart(frames("e1", 1, [stored([2])]))
+        for _ in range(500):
+            if len(seen) == 2:
+                break
+            await asyncio.sleep(0.01)
+    assert seen == [0, 1]
+    assert sub.stats.callback_errors == 1
+
+
+async def test_close_stops_receiving(
+    subscriber: KVEventSubscriber, context: zmq.asyncio.Context, received: Received
+) -> None:
+    endpoint = subscriber.bind("tcp://127.0.0.1:*")
+    await publisher_connected_to(context, endpoint)
+    await subscriber.close()
+    assert subscriber.endpoints == []
+
+
+def test_payload_without_dp_rank_and_with_bytes_hashes() -> None:
+    digest = bytes(range(32))
+    batch = decode_message(frames("t", 3, [stored([digest], parent=b"\x01" * 32)], dp_rank=None), "src")
+    assert batch.dp_rank is None
+    (event,) = batch.events
+    assert isinstance(event, BlockStored)
+    assert event.block_hashes == (digest,)
+    assert event.parent_block_hash == b"\x01" * 32
+
+
+def test_unknown_event_types_are_skipped() -> None:
+    batch = decode_message(frames("t", 0, [{"type": "BlockPinned", "x": 1}, removed([HASH_A])]))
+    assert batch.events == (BlockRemoved(block_hashes=(HASH_A,), medium="GPU", group_idx=0),)
+    assert batch.skipped_events == 1
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        [b"t", (0).to_bytes(8, "big")],
+        [b"t", (0).to_bytes(8, "big"), msgpack.packb({"ts": 0})],
+        [b"t", (0).to_bytes(8, "big"), msgpack.packb([0.0, ["BlockStored"]])],
+        [b"t", (0).to_bytes(8, "big"), msgpack.packb(["noon", []])],
+    ],
+)
+def test_decode_rejects_messages_not_in_vllm_format(message: list[bytes]) -> None:
+    with pytest.raises(MalformedMessage):
+        decode_message(message)
