@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gateway import log
 
@@ -28,11 +28,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(args.func(args) or 0)
 
 
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def _serve(args: argparse.Namespace) -> int:
     from gateway.serve import serve
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.config, args.host, args.port, args.log_level))
+    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        runner.run(serve(args.config, args.host, args.port, args.log_level))
     return 0
 
 

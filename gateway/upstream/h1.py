@@ -47,12 +47,12 @@ class _Connection(asyncio.Protocol):
         "_paused",
         "_pending",
         "_read_timeout",
-        "_timer",
         "_waiter",
         "buffered",
         "closed",
         "error",
         "got_bytes",
+        "keep_alive",
         "status",
         "transport",
     )
@@ -78,8 +78,8 @@ class _Connection(asyncio.Protocol):
         self._body_done = False
         self._pending = False
         self._paused = False
-        self._timer: asyncio.TimerHandle | None = None
         self.got_bytes = False
+        self.keep_alive = False
 
     # -- asyncio.Protocol ------------------------------------------------------
 
@@ -107,6 +107,8 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
+        # Read now: httptools resets the flag once the message is complete.
+        self.keep_alive = self._parser.should_keep_alive()
         waiter = self._headers_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -181,7 +183,7 @@ class _Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return self._body_done and not self.closed and self.error is None and self._parser.should_keep_alive()
+        return self._body_done and not self.closed and self.error is None and self.keep_alive
 
     def abort(self) -> None:
         self.closed = True
