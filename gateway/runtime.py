@@ -14,7 +14,8 @@ from gateway import log
 from gateway.auth import Authenticator, OpenAccess
 from gateway.config import Config
 from gateway.core.classes import CLASSES, Budget
-from gateway.core.dispatcher import Dispatch, Dispatcher, Outcome, PoolSpec, Rejection
+from gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, Outcome, PoolSpec, Rejection
+from gateway.core.limiter import LimitSettings
 from gateway.core.request import RouteRequest
 from gateway.metrics import GatewayMetrics
 from gateway.upstream.h1 import EngineClient
@@ -23,22 +24,53 @@ from gateway.upstream.monitor import EngineMonitor
 POLL_INTERVAL_S = 0.05
 
 
+def admission_settings(config: Config) -> AdmissionSettings:
+    a = config.admission
+    defaults = LimitSettings()
+    limits = LimitSettings(
+        initial=float(a.get("initial_limit", defaults.initial)),
+        minimum=float(a.get("min_limit", defaults.minimum)),
+        maximum=float(a.get("max_limit", defaults.maximum)),
+        interval_s=float(a.get("interval_s", defaults.interval_s)),
+        cooldown_s=float(a.get("cooldown_s", defaults.cooldown_s)),
+        window_s=float(a.get("window_s", defaults.window_s)),
+        min_samples=int(a.get("min_samples", defaults.min_samples)),
+        unbudgeted=float(a.get("unbudgeted_limit", defaults.unbudgeted)),
+    )
+    base = AdmissionSettings()
+    return AdmissionSettings(
+        enabled=bool(a.get("enabled", True)),
+        limits=limits,
+        max_queue=int(a.get("max_queue", base.max_queue)),
+        backfill_reserve=float(a.get("backfill_reserve", base.backfill_reserve)),
+    )
+
+
+def build_dispatcher(config: Config) -> Dispatcher:
+    return Dispatcher(
+        [
+            PoolSpec(
+                name,
+                list(pool.engines) if not pool.discovery else [],
+                policy=pool.policy,
+                takes_priority=pool.takes_priority,
+                backfill=pool.backfill,
+                accept_overflow=pool.accept_overflow,
+                policy_options=dict(config.prefix.get("policy", {})) if pool.policy == "prefix" else {},
+            )
+            for name, pool in config.pools.items()
+        ],
+        home={cls: spec.pool for cls, spec in config.classes.items()},
+        budgets={cls: spec.budget.itl_s for cls, spec in config.classes.items()},
+        admission=admission_settings(config),
+    )
+
+
 class Gateway:
     def __init__(self, config: Config, auth: Authenticator | None = None) -> None:
         self.config = config
         self.metrics = GatewayMetrics()
-        self.dispatcher = Dispatcher(
-            [
-                PoolSpec(
-                    name,
-                    list(pool.engines) if not pool.discovery else [],
-                    policy=pool.policy,
-                    takes_priority=pool.takes_priority,
-                )
-                for name, pool in config.pools.items()
-            ],
-            home={cls: spec.pool for cls, spec in config.classes.items()},
-        )
+        self.dispatcher = build_dispatcher(config)
         self.metrics.watch_state(self.dispatcher)
         self.budgets: dict[str, Budget] = {cls: spec.budget for cls, spec in config.classes.items()}
         self.monitor = EngineMonitor(

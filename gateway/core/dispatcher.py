@@ -7,17 +7,30 @@ Rules:
 - Every ``Dispatch`` must be paired with exactly one ``finish``; that is what keeps the
   in-flight counts, and therefore routing and admission, honest.
 - Only healthy engines are candidates. A class goes to its home pool.
+- With admission on, an engine takes a request only while its load is under its
+  adaptive concurrency limit (see ``limiter``). Otherwise the request waits in its pool's
+  queue, interactive before batch, until it can start; an interactive request that
+  cannot start within its TTFT budget is refused at once with ``slo_budget_exceeded``.
+- Batch requests may also start on engines of the interactive pool (backfill) while those
+  keep a reserve of free slots and no interactive request waits. Interactive requests
+  may overflow into a pool that accepts them; such pools run vLLM's priority scheduling
+  and get ``priority`` written, so interactive work preempts batch there.
+- When a queue is full, the newest batch request is shed to make room; a batch request
+  that finds the queue full of interactive work is refused.
 - Time is always an argument: the HTTP layer passes the wall clock, the simulator a
   virtual one.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gateway.core.classes import CLASS_RANK
+from gateway.core.classes import BATCH, CLASS_RANK, INTERACTIVE
 from gateway.core.engines import EngineMetrics, EngineState
+from gateway.core.limiter import ConcurrencyLimit, LimitSettings
+from gateway.core.queue import WaitQueue
 from gateway.core.request import RouteRequest
 from gateway.core.routing import Choice, Policy, make_policy
 
@@ -26,9 +39,20 @@ from gateway.core.routing import Choice, Policy, make_policy
 class PoolSpec:
     name: str
     engines: list[str]
-    policy: str = "least_loaded"
+    policy: str = "prefix"
     takes_priority: bool = False
+    backfill: bool = True
+    accept_overflow: bool = False
     policy_options: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class AdmissionSettings:
+    enabled: bool = True
+    limits: LimitSettings = field(default_factory=LimitSettings)
+    max_queue: int = 4096
+    backfill_reserve: float = 0.25
+    min_retry_after_s: float = 1.0
 
 
 @dataclass(slots=True, eq=False)
@@ -40,6 +64,7 @@ class Dispatch:
     predicted_cached_tokens: int = 0
     reason: str = ""
     excluded: tuple[str, ...] = ()
+    dispatched_at: float = 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -64,12 +89,19 @@ class Pool:
     def __init__(self, spec: PoolSpec) -> None:
         self.name = spec.name
         self.takes_priority = spec.takes_priority
+        self.backfill = spec.backfill
+        self.accept_overflow = spec.accept_overflow
         self.policy: Policy = make_policy(spec.policy, **spec.policy_options)
         self.engines: list[EngineState] = [EngineState(url, spec.name) for url in spec.engines]
+        self.queue = WaitQueue()
+        self.service_s: float | None = None
+        self.engine_ttft_s: float | None = None
 
     def healthy(self, exclude: Iterable[str] = ()) -> list[EngineState]:
-        excluded = set(exclude)
-        return [e for e in self.engines if e.healthy and e.id not in excluded]
+        if exclude:
+            excluded = set(exclude)
+            return [e for e in self.engines if e.healthy and e.id not in excluded]
+        return [e for e in self.engines if e.healthy]
 
     def set_engines(self, urls: Sequence[str]) -> None:
         known = {e.id: e for e in self.engines}
@@ -77,9 +109,18 @@ class Pool:
         for gone in set(known) - set(urls):
             self.policy.forget(gone)
 
+    def observe_service(self, seconds: float) -> None:
+        self.service_s = seconds if self.service_s is None else 0.95 * self.service_s + 0.05 * seconds
+
 
 class Dispatcher:
-    def __init__(self, pools: Sequence[PoolSpec], home: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        pools: Sequence[PoolSpec],
+        home: Mapping[str, str] | None = None,
+        budgets: Mapping[str, float | None] | None = None,
+        admission: AdmissionSettings | None = None,
+    ) -> None:
         if not pools:
             raise ValueError("at least one pool is needed")
         self.pools: dict[str, Pool] = {spec.name: Pool(spec) for spec in pools}
@@ -87,13 +128,29 @@ class Dispatcher:
         self.home: dict[str, str] = {
             cls: (home or {}).get(cls) or (cls if cls in self.pools else first) for cls in CLASS_RANK
         }
+        self.itl_budgets: dict[str, float | None] = dict(budgets or {})
+        self.admission = admission or AdmissionSettings(enabled=False)
+        self.limits: dict[str, ConcurrencyLimit] = {}
         self._engines: dict[str, EngineState] = {}
-        self._reindex()
+        self._queued_pool: dict[str, Pool] = {}
+        self._shed: list[Outcome] = []
+        self._reindex(0.0)
 
     # -- topology and health -------------------------------------------------
 
-    def _reindex(self) -> None:
+    def _reindex(self, now: float) -> None:
         self._engines = {e.id: e for pool in self.pools.values() for e in pool.engines}
+        for engine_id, engine in self._engines.items():
+            if engine_id not in self.limits:
+                self.limits[engine_id] = ConcurrencyLimit(self._engine_budget(engine.pool), self.admission.limits, now)
+        for gone in set(self.limits) - set(self._engines):
+            del self.limits[gone]
+
+    def _engine_budget(self, pool: str) -> float | None:
+        """The tightest ITL budget among the classes whose home is this pool."""
+        budgets = [self.itl_budgets.get(cls) for cls, home in self.home.items() if home == pool]
+        present = [b for b in budgets if b is not None]
+        return min(present) if present else None
 
     def engines(self) -> list[EngineState]:
         return list(self._engines.values())
@@ -101,9 +158,9 @@ class Dispatcher:
     def engine(self, engine_id: str) -> EngineState | None:
         return self._engines.get(engine_id)
 
-    def set_pool_engines(self, pool: str, urls: Sequence[str]) -> None:
+    def set_pool_engines(self, pool: str, urls: Sequence[str], now: float = 0.0) -> None:
         self.pools[pool].set_engines(urls)
-        self._reindex()
+        self._reindex(now)
 
     def set_health(self, engine_id: str, healthy: bool, now: float) -> None:
         engine = self._engines.get(engine_id)
@@ -117,13 +174,15 @@ class Dispatcher:
             self.pools[engine.pool].policy.scraped(engine)
 
     def queue_depths(self) -> dict[tuple[str, str], int]:
-        return {}
+        return {(name, cls): pool.queue.depth(cls) for name, pool in self.pools.items() for cls in CLASS_RANK}
 
     def prefix_hit_estimates(self) -> dict[str, float]:
         return {name: pool.policy.hit_ratio_estimate() for name, pool in self.pools.items()}
 
     def concurrency_limits(self) -> dict[str, float]:
-        return {}
+        if not self.admission.enabled:
+            return {}
+        return {engine_id: limit.limit for engine_id, limit in self.limits.items()}
 
     def ready(self) -> dict[str, bool]:
         return {name: any(e.healthy for e in pool.engines) for name, pool in self.pools.items()}
@@ -135,44 +194,220 @@ class Dispatcher:
 
     def submit(self, req: RouteRequest, now: float, exclude: Sequence[str] = ()) -> Outcome:
         pool = self.pool_for(req.cls)
-        candidates = pool.healthy(exclude)
-        choice = pool.policy.choose(req, candidates, now)
-        if choice is None:
-            return Rejection(
-                req,
-                503,
-                "no_healthy_engine",
-                f"no healthy engine in pool {pool.name!r}" + (" after a failed attempt" if exclude else ""),
-                retry_after_s=1.0,
-            )
-        return self._start(req, pool, choice, now, exclude)
+        if not self.admission.enabled:
+            choice = pool.policy.choose(req, pool.healthy(exclude), now)
+            if choice is None:
+                return self._no_engine(req, pool, exclude)
+            return self._start(req, pool, choice, now, exclude)
+        if not any(e.healthy for e in pool.engines) and not self._overflow_pools(req):
+            return self._no_engine(req, pool, exclude)
+        if pool.queue.position(req.cls, math.inf) == 0:
+            placed = self._place(req, pool, now, exclude)
+            if placed is not None:
+                return placed
+        return self._enqueue(req, pool, now)
 
-    def _start(self, req: RouteRequest, pool: Pool, choice: Choice, now: float, exclude: Sequence[str]) -> Dispatch:
+    def _no_engine(self, req: RouteRequest, pool: Pool, exclude: Sequence[str]) -> Rejection:
+        after = " after a failed attempt" if exclude else ""
+        return Rejection(req, 503, "no_healthy_engine", f"no healthy engine in pool {pool.name!r}{after}", 1.0)
+
+    def _with_room(self, pool: Pool, exclude: Sequence[str], reserve: float = 0.0) -> list[EngineState]:
+        limits = self.limits
+        return [e for e in pool.healthy(exclude) if e.load < limits[e.id].limit - reserve]
+
+    def _backfill_room(self, pool: Pool, exclude: Sequence[str]) -> list[EngineState]:
+        """Engines of ``pool`` with room to spare beyond a reserve kept for their own class."""
+        out = []
+        for engine in pool.healthy(exclude):
+            limit = self.limits[engine.id].limit
+            if engine.load < limit - max(1.0, self.admission.backfill_reserve * limit):
+                out.append(engine)
+        return out
+
+    def _overflow_pools(self, req: RouteRequest) -> list[Pool]:
+        if req.cls != INTERACTIVE:
+            return []
+        home = self.home[req.cls]
+        return [p for p in self.pools.values() if p.name != home and p.accept_overflow]
+
+    def _place(self, req: RouteRequest, pool: Pool, now: float, exclude: Sequence[str] = ()) -> Dispatch | None:
+        """Start ``req`` on an engine with room, or return None."""
+        choice = pool.policy.choose(req, self._with_room(pool, exclude), now)
+        if choice is not None:
+            return self._start(req, pool, choice, now, exclude)
+        if req.cls == BATCH:
+            for other in self.pools.values():
+                if other is pool or not other.backfill or other.queue.depth(INTERACTIVE):
+                    continue
+                candidates = [
+                    e
+                    for e in other.healthy(exclude)
+                    if e.load
+                    < self.limits[e.id].limit - max(1.0, self.admission.backfill_reserve * self.limits[e.id].limit)
+                ]
+                choice = other.policy.choose(req, candidates, now)
+                if choice is not None:
+                    return self._start(req, other, choice, now, exclude, reason="backfill")
+        else:
+            for other in self._overflow_pools(req):
+                choice = other.policy.choose(req, self._with_room(other, exclude), now)
+                if choice is not None:
+                    return self._start(req, other, choice, now, exclude, reason="overflow")
+        return None
+
+    def _start_deadline(self, req: RouteRequest, pool: Pool) -> float:
+        if req.budget.ttft_s is not None:
+            expected = pool.engine_ttft_s or 0.0
+            return req.arrival + max(0.0, req.budget.ttft_s - expected)
+        if req.budget.deadline_s is not None:
+            return req.arrival + req.budget.deadline_s
+        return math.inf
+
+    def _enqueue(self, req: RouteRequest, pool: Pool, now: float) -> Outcome:
+        deadline = self._start_deadline(req, pool)
+        wait = self._expected_wait(pool, pool.queue.position(req.cls, deadline))
+        if req.budget.ttft_s is not None and (deadline <= now or (wait is not None and now + wait > deadline)):
+            return self._refuse_slo(req, wait)
+        if len(pool.queue) >= self.admission.max_queue:
+            if req.cls == BATCH or pool.queue.depth(BATCH) == 0:
+                return Rejection(req, 429, "queue_full", f"the {pool.name!r} queue is full", self._retry_after(wait))
+            victim = pool.queue.shed(BATCH)
+            assert victim is not None
+            self._queued_pool.pop(victim.request.id, None)
+            self._shed.append(
+                Rejection(
+                    victim.request, 429, "shed", "shed to make room for interactive work", self._retry_after(wait)
+                )
+            )
+        pool.queue.push(req, deadline, now)
+        self._queued_pool[req.id] = pool
+        return Queued(req, pool.name)
+
+    def _expected_wait(self, pool: Pool, position: int) -> float | None:
+        """Time until ``position`` requests ahead have started, from how long requests hold a slot."""
+        if pool.service_s is None:
+            return None
+        slots = sum(self.limits[e.id].limit for e in pool.engines if e.healthy)
+        return (position + 1) * pool.service_s / max(1.0, slots)
+
+    def _retry_after(self, wait: float | None) -> float:
+        return max(self.admission.min_retry_after_s, wait or 0.0)
+
+    def _refuse_slo(self, req: RouteRequest, wait: float | None) -> Rejection:
+        budget_ms = int((req.budget.ttft_s or 0) * 1000)
+        return Rejection(
+            req,
+            429,
+            "slo_budget_exceeded",
+            f"cannot start within the {budget_ms} ms time-to-first-token budget; retry later",
+            self._retry_after(wait),
+        )
+
+    def _start(
+        self,
+        req: RouteRequest,
+        pool: Pool,
+        choice: Choice,
+        now: float,
+        exclude: Sequence[str],
+        reason: str | None = None,
+    ) -> Dispatch:
         engine = choice.engine
         engine.started(req.cls)
         pool.policy.routed(req, choice, now)
+        if self.admission.enabled:
+            self.limits[engine.id].note_load(engine.load)
         priority = CLASS_RANK[req.cls] if pool.takes_priority else None
-        return Dispatch(req, engine, pool.name, priority, choice.predicted_cached_tokens, choice.reason, tuple(exclude))
+        return Dispatch(
+            req,
+            engine,
+            pool.name,
+            priority,
+            choice.predicted_cached_tokens,
+            reason or choice.reason,
+            tuple(exclude),
+            now,
+        )
 
     def finish(self, dispatch: Dispatch, now: float, ok: bool = True) -> list[Outcome]:
         dispatch.engine.finished(dispatch.request.cls)
-        return []
+        if not self.admission.enabled:
+            return []
+        if ok:
+            self.pools[dispatch.engine.pool].observe_service(now - dispatch.dispatched_at)
+        return self._drain(now)
+
+    def _drain(self, now: float) -> list[Outcome]:
+        out: list[Outcome] = self._take_shed()
+        for pool in self.pools.values():
+            queue = pool.queue
+            while (entry := queue.peek()) is not None:
+                placed = self._place(entry.request, pool, now)
+                if placed is None:
+                    break
+                queue.pop()
+                self._queued_pool.pop(entry.request.id, None)
+                out.append(placed)
+        return out
+
+    def _take_shed(self) -> list[Outcome]:
+        if not self._shed:
+            return []
+        shed, self._shed = self._shed, []
+        return shed
 
     def retry(self, dispatch: Dispatch, now: float) -> Outcome:
         """The engine refused the connection before any byte: try another of the pool once."""
-        self.finish(dispatch, now, ok=False)
-        return self.submit(dispatch.request, now, exclude=(*dispatch.excluded, dispatch.engine.id))
+        extra = self.finish(dispatch, now, ok=False)
+        outcome = self.submit(dispatch.request, now, exclude=(*dispatch.excluded, dispatch.engine.id))
+        if extra:
+            self._shed.extend(extra)
+        return outcome
 
     def poll(self, now: float) -> list[Outcome]:
-        return []
+        """Refuse what can no longer start in time, update limits, start what now fits."""
+        if not self.admission.enabled:
+            return []
+        out: list[Outcome] = []
+        for pool in self.pools.values():
+            for entry in pool.queue.expired(now):
+                self._queued_pool.pop(entry.request.id, None)
+                req = entry.request
+                if req.budget.ttft_s is not None:
+                    out.append(self._refuse_slo(req, None))
+                else:
+                    out.append(
+                        Rejection(
+                            req,
+                            429,
+                            "deadline_exceeded",
+                            "the request's deadline passed while queued",
+                            self.admission.min_retry_after_s,
+                        )
+                    )
+        for engine_id, limit in self.limits.items():
+            engine = self._engines[engine_id]
+            limit.update(now, engine.load)
+        out.extend(self._drain(now))
+        return out
 
     def cancel(self, req: RouteRequest, now: float) -> None:
-        return None
+        pool = self._queued_pool.pop(req.id, None)
+        if pool is not None:
+            pool.queue.remove(req)
 
     # -- observations from the relay -----------------------------------------
 
     def observe_ttft(self, dispatch: Dispatch, seconds: float, now: float) -> None:
-        return None
+        limit = self.limits.get(dispatch.engine.id)
+        if limit is None:
+            return
+        engine_side = max(0.0, seconds - (dispatch.dispatched_at - dispatch.request.arrival))
+        limit.ttft.observe(engine_side, now)
+        pool = self.pools[dispatch.engine.pool]
+        pool.engine_ttft_s = engine_side if pool.engine_ttft_s is None else 0.9 * pool.engine_ttft_s + 0.1 * engine_side
 
     def observe_itl(self, dispatch: Dispatch, seconds: float, now: float) -> None:
-        return None
+        limit = self.limits.get(dispatch.engine.id)
+        if limit is not None:
+            limit.itl.observe(seconds, now)

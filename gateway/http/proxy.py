@@ -219,11 +219,20 @@ class Proxy:
     # -- admission -------------------------------------------------------------------
 
     async def _admit(self, req: RouteRequest) -> Dispatch:
+        metrics = self.gw.metrics
         outcome = self.gw.dispatcher.submit(req, time.monotonic())
         if isinstance(outcome, Queued):
+            metrics.admission.labels(req.cls, "queued").inc()
+            waited_from = time.monotonic()
             outcome = await self.gw.wait_turn(req)
+            metrics.queue_wait.labels(req.cls).observe(time.monotonic() - waited_from)
         if isinstance(outcome, Rejection):
+            metrics.admission.labels(req.cls, outcome.code).inc()
             raise ApiError(outcome.status, outcome.message, outcome.code, retry_after_s=outcome.retry_after_s)
+        metrics.admission.labels(req.cls, "admitted").inc()
+        metrics.routing.labels(outcome.pool, outcome.engine.id, outcome.reason).inc()
+        if req.prefix:
+            metrics.predicted_cached.labels(outcome.pool).observe(outcome.predicted_cached_tokens)
         return outcome
 
     def _finish(self, dispatch: Dispatch, ok: bool) -> None:
