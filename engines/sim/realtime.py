@@ -4,6 +4,9 @@ Rules:
 - One asyncio task runs engine steps back to back while the core has work: ``core.step(now)``
   with the monotonic clock, a sleep until that step's end, then every request's new tokens go to
   its ``Stream``. With no work, the task waits until a request comes.
+- Back-to-back steps are chained on their nominal times (a step starts when the previous one was
+  due to end, not when the sleep happened to return), so timer lateness does not accumulate and
+  the engine keeps the profile's pace; a step never starts before the latest arrival it may see.
 - A stream is registered when its request enters the core and dropped when it finishes or is
   aborted; outputs for dropped streams are ignored (the core has already forgotten them).
 - KV cache events of a step are handed to the publisher when the step is taken.
@@ -21,6 +24,8 @@ from engines.sim.kv_cache import KVEvent
 
 Clock = Callable[[], float]
 Publish = Callable[[Sequence[KVEvent]], None]
+# Behind schedule by more than this (a busy process), the chain restarts from the clock.
+_MAX_LAG_S = 0.05
 
 
 class Stream:
@@ -76,6 +81,7 @@ class RealtimeDriver:
         self.streams: dict[str, Stream] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._last_submit = 0.0
 
     def start(self) -> None:
         if self._task is None:
@@ -90,7 +96,8 @@ class RealtimeDriver:
 
     def submit(self, req: EngineRequest) -> Stream:
         stream = Stream(req.id)
-        self.core.add_request(req, self.clock())
+        self._last_submit = now = self.clock()
+        self.core.add_request(req, now)
         self.streams[req.id] = stream
         self._wake.set()
         return stream
@@ -104,17 +111,21 @@ class RealtimeDriver:
     async def run(self) -> None:
         core = self.core
         clock = self.clock
+        due: float | None = None  # when the previous step was due to end, while chained
         while True:
             if not core.has_work:
+                due = None
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            start = clock()
+            now = clock()
+            start = now if due is None or now - due > _MAX_LAG_S else max(due, self._last_submit)
             result = core.step(start)
             if result.kv_events and self.publish is not None:
                 self.publish(result.kv_events)
+            due = start + result.duration_s
             if result.duration_s > 0:
-                await asyncio.sleep(max(0.0, start + result.duration_s - clock()))
+                await asyncio.sleep(max(0.0, due - clock()))
             elif not result.outputs and not result.scheduled_tokens:
                 # Nothing could be scheduled (blocked on KV blocks); wait for a change.
                 self._wake.clear()
