@@ -8,7 +8,7 @@ workload (prompt/output token means, each drawn within +/-25 %):
 ``instant`` is left out: its steps take no time, so it has no latency to sweep.
 
 Then the prefix-caching comparison on ``gemma4-nvfp4``: 8192-token prompts sharing their first
-4608 tokens, 64 output tokens, concurrency 16, caching on and off.
+4352 tokens, 64 output tokens, concurrency 16, caching on and off.
 
 Writes ``benchmarks/results/engine_sweep/``: ``sweep.json`` (profile -> level -> metrics),
 ``prefix_caching.json``, ``findings.json`` (the article's claims next to what the sweep gives)
@@ -34,7 +34,7 @@ TTFT_SLO_MS = 500.0
 ITL_SLO_MS = 50.0
 WORKLOADS = {"tiny-cpu": (1000, 64), "default": (256, 64)}
 GEMMA_WORKLOAD = (2048, 512)
-PREFIX = {"profile": "gemma4-nvfp4", "input_len": 8192, "shared_prefix_len": 4608, "output_len": 64, "concurrency": 16}
+PREFIX = {"profile": "gemma4-nvfp4", "input_len": 8192, "shared_prefix_len": 4352, "output_len": 64, "concurrency": 16}
 
 
 def workload(profile: str) -> tuple[int, int]:

@@ -291,7 +291,7 @@ class EngineCore:
             seq = running[i]
             want = seq.num_tokens - seq.num_computed
             lookahead = 0
-            if want == 1 and self.spec_k:
+            if want == 1 and self.spec_k and seq.num_output > 0:
                 lookahead = min(self.spec_k, budget - 1, seq.stop_at - seq.num_output - 1)
                 want += max(0, lookahead)
             n = min(want, budget)

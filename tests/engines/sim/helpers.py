@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import xxhash
+
 from engines.sim.core import EngineCore, EngineRequest, StepOutput
 from engines.sim.profile import Profile, Speculative, Timing
 from engines.sim.tokens import block_hashes_for_trace
@@ -23,7 +25,7 @@ def small_profile(speculative: Speculative | None = None, **engine: Any) -> Prof
 
 
 def unique_hashes(rid: str, prompt: int, block_size: int = 4) -> list[int]:
-    ids = [hash(rid) & 0xFFFFFFFF, *range(prompt // block_size)]
+    ids = [xxhash.xxh3_64_intdigest(rid.encode()), *range(prompt // block_size)]
     return block_hashes_for_trace(ids, prompt, trace_block_tokens=block_size, block_size=block_size)[
         : prompt // block_size
     ]

@@ -63,6 +63,7 @@ def engines(procs, tmp_path_factory, kv_sub):
             f"tcp://127.0.0.1:{kv_port}",
             "--kv-events-topic",
             "e1",
+            "--enable-prompt-tokens-details",
         ),
         "priority": start_engine(
             tmp,
@@ -127,6 +128,19 @@ def test_without_ignore_eos_a_reply_stops_at_its_natural_length(engines):
     short = client(engines["main"]).completions.create(model=MODEL, prompt=prompt, max_tokens=3)
     assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 3
     assert reply.choices[0].text.startswith(short.choices[0].text)
+
+
+def test_prefix_cache_hits_are_reported_and_salted_apart(engines):
+    api = client(engines["main"])
+    prompt = "shared document. " * 40  # 680 characters: 170 tokens, 10 full blocks of 16
+    hits = metric(engines["main"], "vllm:prefix_cache_hits_total")
+    cold = api.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+    warm = api.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+    salted = api.completions.create(model=MODEL, prompt=prompt, max_tokens=1, extra_body={"cache_salt": "tenant"})
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    assert warm.usage.prompt_tokens_details.cached_tokens == 160
+    assert salted.usage.prompt_tokens_details.cached_tokens == 0
+    assert metric(engines["main"], "vllm:prefix_cache_hits_total") == hits + 160
 
 
 def test_streamed_completion_without_usage_ends_with_done(engines):
