@@ -31,10 +31,12 @@ _MAX_LAG_S = 0.05
 class Stream:
     """New tokens of one request, as the engine delivers them."""
 
-    __slots__ = ("_waiter", "cached_tokens", "finished", "id", "pending", "reason", "total")
+    __slots__ = ("_waiter", "cached_tokens", "finished", "id", "pending", "reason", "stream_tokens", "total")
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, stream_tokens: bool = True) -> None:
         self.id = request_id
+        # A non-streamed reply only needs the end: waking its reader on every step is waste.
+        self.stream_tokens = stream_tokens
         self.pending = 0
         self.total = 0
         self.finished = False
@@ -50,7 +52,9 @@ class Stream:
         if out.finished:
             self.finished = True
             self.reason = out.finish_reason
-        self._wake()
+            self._wake()
+        elif self.stream_tokens:
+            self._wake()
 
     def close(self, reason: str) -> None:
         if not self.finished:
@@ -94,8 +98,8 @@ class RealtimeDriver:
                 await self._task
             self._task = None
 
-    def submit(self, req: EngineRequest) -> Stream:
-        stream = Stream(req.id)
+    def submit(self, req: EngineRequest, stream_tokens: bool = True) -> Stream:
+        stream = Stream(req.id, stream_tokens)
         self._last_submit = now = self.clock()
         self.core.add_request(req, now)
         self.streams[req.id] = stream

@@ -136,7 +136,7 @@ class SimServer:
         except ApiError as exc:
             return await _respond(send, exc.status, exc.body())
         engine_req, reply_seed = self._engine_request(req)
-        stream = self.driver.submit(engine_req)
+        stream = self.driver.submit(engine_req, stream_tokens=req.stream)
         watcher = asyncio.get_running_loop().create_task(self._watch(receive, req.id))
         try:
             if req.stream:
