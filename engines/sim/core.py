@@ -63,6 +63,7 @@ class EngineRequest:
     max_tokens: int
     priority: int = 0
     arrival: float = 0.0
+    """Set by ``add_request`` to the time it is given."""
     min_tokens: int = 0
     ignore_eos: bool = False
     eos_at: int | None = None
@@ -254,7 +255,7 @@ class EngineCore:
         spec_in_step = False
         for seq, n in scheduled:
             context += seq.num_computed + n
-            if seq.num_tokens - seq.num_computed > 1 and n <= seq.num_tokens - seq.num_computed:
+            if seq.num_tokens - seq.num_computed > 1:
                 prefill += n
             else:
                 decode_tokens += n
@@ -308,10 +309,8 @@ class EngineCore:
                 break
             scheduled[seq] = n
             budget -= n
-            if running[i] is seq:
-                i += 1
-            else:
-                i = running.index(seq) + 1
+            # Victims may have been taken from before this request (priority policy).
+            i = i + 1 if victim is None else running.index(seq) + 1
         if not preempted:
             while budget > 0 and len(running) < self.max_num_seqs:
                 seq = self._peek_waiting()
