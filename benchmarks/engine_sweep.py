@@ -2,7 +2,8 @@
 
 For each profile, concurrency 1, 2, 4, 8, 16, 32 (``engines.sim.sweep``), with the profile's
 workload (prompt/output token means, each drawn within +/-25 %):
-- ``gemma4-*``: 2048-token prompts, 512 output tokens (the workload the profiles are fitted on);
+- ``gemma4-*`` and any other profile: 2048-token prompts, 512 output tokens (the workload the
+  gemma4 profiles are fitted on);
 - ``tiny-cpu``: 1000-token prompts, 64 output tokens (the reference measurement of real vLLM);
 - ``default``: 256-token prompts, 64 output tokens.
 ``instant`` is left out: its steps take no time, so it has no latency to sweep.
