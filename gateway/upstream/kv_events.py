@@ -201,7 +201,11 @@ class KVEventSubscriber:
         ``tcp://127.0.0.1:*`` picks a free port.
         """
         socket = self._socket("")
-        socket.bind(endpoint)
+        try:
+            socket.bind(endpoint)
+        except zmq.ZMQError:
+            socket.close(linger=0)
+            raise
         bound = socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._start(bound, socket)
         log.info("kv_events_bound", endpoint=bound)

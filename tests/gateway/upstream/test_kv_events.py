@@ -250,3 +250,13 @@ def test_unknown_event_types_are_skipped() -> None:
 def test_decode_rejects_messages_not_in_vllm_format(message: list[bytes]) -> None:
     with pytest.raises(MalformedMessage):
         decode_message(message)
+
+
+async def test_binding_a_taken_endpoint_raises_and_keeps_nothing_open(
+    subscriber: KVEventSubscriber, context: zmq.asyncio.Context, received: Received
+) -> None:
+    endpoint = subscriber.bind("tcp://127.0.0.1:*")
+    async with KVEventSubscriber(received, context=context) as second:
+        with pytest.raises(zmq.ZMQError):
+            second.bind(endpoint)
+        assert second.endpoints == []
