@@ -252,16 +252,18 @@ class EngineCore:
             self._drain_events(result)
             return result
         prefill = decode_tokens = decode_seqs = context = 0
+        pairs = 0.0
         spec_in_step = False
         for seq, n in scheduled:
             context += seq.num_computed + n
             if seq.num_tokens - seq.num_computed > 1:
                 prefill += n
+                pairs += n * (seq.num_computed + n / 2)
             else:
                 decode_tokens += n
                 decode_seqs += 1
                 spec_in_step = spec_in_step or n > 1
-        duration = self.profile.timing.step_s(prefill, decode_tokens, len(scheduled), context)
+        duration = self.profile.timing.step_s(prefill, decode_tokens, len(scheduled), context, pairs)
         if spec_in_step:
             duration *= self.profile.speculative.verify_cost_factor
         end = now + duration

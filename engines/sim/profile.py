@@ -34,8 +34,13 @@ class Timing:
     attention_ms_per_ktoken: float = 0.0
     weights_ms: float = 0.0
     kv_read_ms_per_ktoken: float = 0.0
+    prefill_attention_ms_per_mpair: float = 0.0
+    """Attention of prefill chunks: per million (new token, attended token) pairs, so a long
+    prompt's prefill grows with its square, as causal attention does."""
 
-    def step_s(self, prefill_tokens: int, decode_tokens: int, seqs: int, context_tokens: int) -> float:
+    def step_s(
+        self, prefill_tokens: int, decode_tokens: int, seqs: int, context_tokens: int, prefill_pairs: float = 0.0
+    ) -> float:
         if seqs == 0:
             return 0.0
         kctx = context_tokens / 1000.0
@@ -43,6 +48,7 @@ class Timing:
             self.prefill_ms_per_token * prefill_tokens
             + self.decode_ms_per_token * decode_tokens
             + self.attention_ms_per_ktoken * kctx
+            + self.prefill_attention_ms_per_mpair * prefill_pairs / 1e6
         )
         memory = self.weights_ms + self.kv_read_ms_per_ktoken * kctx
         return (self.overhead_ms + self.per_seq_ms * seqs + max(compute, memory)) / 1000.0
