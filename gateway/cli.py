@@ -22,6 +22,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--log-level", default=None, help="debug, info, warning, error")
     serve.set_defaults(func=_serve)
 
+    sim = sub.add_parser("sim", help="experiments on simulated engines in virtual time")
+    from gateway.simulate.cli import add_arguments as add_sim_arguments
+
+    add_sim_arguments(sim)
+    sim.set_defaults(func=_sim)
+
     args, rest = parser.parse_known_args(argv)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -42,6 +48,12 @@ def _serve(args: argparse.Namespace) -> int:
     with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         runner.run(serve(args.config, args.host, args.port, args.log_level))
     return 0
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from gateway.simulate.cli import main as sim_main
+
+    return sim_main(args)
 
 
 if __name__ == "__main__":

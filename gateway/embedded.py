@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +38,16 @@ DEFAULT_ENGINES = [
 ]
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the gateway dies, however it dies (Linux only)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -56,7 +68,8 @@ class EmbeddedEngines:
             cmd += ["--model", self.model, *spec.args]
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
             url = f"http://127.0.0.1:{port}"
-            self.processes.append((url, subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)))
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+            self.processes.append((url, proc))
             self.urls.setdefault(spec.pool, []).append(url)
 
     async def wait_ready(self, timeout_s: float = 60.0) -> dict[str, list[str]]:

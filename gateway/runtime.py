@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 from gateway import log
 from gateway.auth import Authenticator, OpenAccess
@@ -88,6 +89,7 @@ class Gateway:
         self._configured_models = {p.model for p in config.pools.values() if p.model}
         self._waiters: dict[str, asyncio.Future[Outcome]] = {}
         self._poller: asyncio.Task[None] | None = None
+        self.on_stop: list[Callable[[], None]] = []
 
     def _make_client(self, engine_id: str, pool: str) -> EngineClient:
         return EngineClient(
@@ -127,6 +129,8 @@ class Gateway:
         for fut in self._waiters.values():
             if not fut.done():
                 fut.cancel()
+        for callback in self.on_stop:
+            callback()
         log.info("gateway_stopped")
 
     async def _poll_loop(self) -> None:

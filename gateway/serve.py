@@ -53,6 +53,10 @@ async def serve(config_path: str | None, host: str | None, port: int | None, log
         config.host = host or config.host
         config.port = port or config.port
         gateway = Gateway(config)
+        if embedded is not None:
+            # uvicorn re-raises SIGTERM after its graceful shutdown, so a ``finally`` would not run:
+            # stop the engines in the lifespan shutdown instead.
+            gateway.on_stop.append(embedded.stop)
         server = uvicorn.Server(uvicorn_config(GatewayApp(gateway), config.host, config.port))
         log.info("listening", url=f"http://{config.host}:{config.port}", embedded=embedded is not None)
         if embedded is not None:

@@ -65,6 +65,8 @@ class Dispatch:
     reason: str = ""
     excluded: tuple[str, ...] = ()
     dispatched_at: float = 0.0
+    prefill_tokens: int = 0
+    """Uncached prompt tokens counted in the engine's ``pending_prefill`` until the first token."""
 
 
 @dataclass(slots=True, eq=False)
@@ -314,6 +316,8 @@ class Dispatcher:
     ) -> Dispatch:
         engine = choice.engine
         engine.started(req.cls)
+        prefill = max(0, req.prompt_tokens - choice.predicted_cached_tokens)
+        engine.pending_prefill += prefill
         pool.policy.routed(req, choice, now)
         if self.admission.enabled:
             self.limits[engine.id].note_load(engine.load)
@@ -322,15 +326,22 @@ class Dispatcher:
             req,
             engine,
             pool.name,
-            priority,
-            choice.predicted_cached_tokens,
-            reason or choice.reason,
-            tuple(exclude),
-            now,
+            priority=priority,
+            predicted_cached_tokens=choice.predicted_cached_tokens,
+            reason=reason or choice.reason,
+            excluded=tuple(exclude),
+            dispatched_at=now,
+            prefill_tokens=prefill,
         )
+
+    def _prefilled(self, dispatch: Dispatch) -> None:
+        if dispatch.prefill_tokens:
+            dispatch.engine.pending_prefill -= dispatch.prefill_tokens
+            dispatch.prefill_tokens = 0
 
     def finish(self, dispatch: Dispatch, now: float, ok: bool = True) -> list[Outcome]:
         dispatch.engine.finished(dispatch.request.cls)
+        self._prefilled(dispatch)
         if not self.admission.enabled:
             return []
         if ok:
@@ -399,6 +410,7 @@ class Dispatcher:
     # -- observations from the relay -----------------------------------------
 
     def observe_ttft(self, dispatch: Dispatch, seconds: float, now: float) -> None:
+        self._prefilled(dispatch)
         limit = self.limits.get(dispatch.engine.id)
         if limit is None:
             return

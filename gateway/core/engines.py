@@ -1,5 +1,9 @@
 """What the core knows about one engine.
 
+``pending_prefill`` counts prompt tokens the engine still has to compute for requests this
+gateway sent it (their uncached part, as predicted), from dispatch to first token: the
+work a new request would queue behind before its own first token.
+
 The gateway's own in-flight count is exact for this replica; the engine's scraped
 ``running + waiting`` also counts other replicas' requests. Load combines the two:
 what we have in flight now, plus what others had in flight at the last scrape.
@@ -39,6 +43,7 @@ class EngineState:
     prefix_hits: float = 0.0
     scraped_at: float | None = None
     routed_total: int = 0
+    pending_prefill: int = 0
     inflight_by_class: dict[str, int] = field(default_factory=dict)
 
     @property

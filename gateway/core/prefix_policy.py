@@ -2,17 +2,19 @@
 
 Rules:
 - Load bound (consistent hashing with bounded loads): an engine is eligible only while
-  ``load + 1 <= ceil(load_factor * (total_load + 1) / n)``. The least loaded engine is
-  always eligible, and no engine is ever chosen above the bound for a cache hit.
+  ``load + 1 <= ceil(load_factor * (total_load + 1) / n)``, load being requests in flight.
+  The least loaded engine is always eligible, and no engine is ever chosen above the bound
+  for a cache hit.
 - A pinned session (``X-Session-ID``) stays on its engine while that engine is eligible;
   otherwise the pin moves to wherever the request goes.
-- Among eligible engines, cache affinity counts only where engines differ: blocks that
-  every candidate holds (a system prompt all engines cached) say nothing about where to go.
-- With no difference in cached blocks, the engine is chosen by rendezvous hashing of the
-  prompt's first distinctive blocks, so replicas that share no state agree, and a
-  conversation's later turns follow its first.
-- Otherwise the score is the extra cached share of the prompt minus a load penalty and
-  a KV-pressure penalty; the best score wins, rendezvous order breaks ties.
+- Each eligible engine gets a cost in prompt tokens: the prefill already queued on it
+  (``pending_prefill``), plus the part of this prompt it does not hold in cache, plus
+  ``decode_cost_tokens`` per request in flight, plus a penalty that grows with KV cache
+  pressure. The cost is what stands between the request and its first token.
+- Engines within ``tolerance`` of the cheapest are equally good: among them the one holding
+  the most of the prompt wins, then rendezvous hashing of the prompt's first distinctive
+  blocks decides. So a prefix nobody has seen goes to the same engine from every replica
+  (when loads are alike), and a conversation's later turns follow its first.
 - The engines' real prefix-cache counters keep the index honest: an engine whose real
   hit ratio falls well below what the index predicted gets its modelled capacity shrunk;
   a counter that goes backwards means the engine restarted with an empty cache.
@@ -52,25 +54,32 @@ class PrefixAffinity:
 
     def __init__(
         self,
-        load_factor: float = 1.25,
-        load_weight: float = 0.5,
-        kv_weight: float = 0.25,
+        load_factor: float = 1.5,
+        cache_weight: float = 1.0,
+        queue_weight: float = 1.0,
+        decode_cost_tokens: float = 128.0,
+        kv_cost_tokens: float = 4096.0,
+        tolerance: float = 0.1,
+        tolerance_tokens: float = 512.0,
         rendezvous_blocks: int = 8,
-        default_capacity_tokens: int = 131072,
+        default_capacity_tokens: int = 1 << 20,
         max_sessions: int = 100_000,
     ) -> None:
         if load_factor < 1.0:
             raise ValueError("load_factor must be at least 1")
         self.load_factor = load_factor
-        self.load_weight = load_weight
-        self.kv_weight = kv_weight
+        self.cache_weight = cache_weight
+        self.queue_weight = queue_weight
+        self.decode_cost_tokens = decode_cost_tokens
+        self.kv_cost_tokens = kv_cost_tokens
+        self.tolerance = tolerance
+        self.tolerance_tokens = tolerance_tokens
         self.rendezvous_blocks = rendezvous_blocks
         self.default_capacity_tokens = default_capacity_tokens
-        self.index = AffinityIndex()
+        self.index = AffinityIndex(default_capacity_tokens)
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self.max_sessions = max_sessions
         self._honesty: dict[str, _Honesty] = {}
-        self._block_tokens = 16
         self.predicted_tokens = 0.0
         self.prompt_tokens = 0.0
 
@@ -87,73 +96,82 @@ class PrefixAffinity:
         if not candidates:
             return None
         eligible = self.eligible(candidates)
+        prefix = req.prefix
         if req.session is not None:
             pinned = self.sessions.get(req.session)
             if pinned is not None:
                 for engine in eligible:
                     if engine.id == pinned:
-                        matched = self.index.match(req.prefix, [engine.id])[0]
-                        return Choice(engine, matched * req.block_tokens, "session")
-        prefix = req.prefix
-        if not prefix:
-            return self._least_loaded(eligible)
-        depths = self.index.match(prefix, [e.id for e in eligible])
-        floor = min(depths)
-        best = max(depths)
-        if best == floor:
-            key_at = min(len(prefix), floor + self.rendezvous_blocks) - 1
-            engine = max(eligible, key=lambda e: rendezvous_weight(prefix[key_at], e.id))
-            return Choice(engine, floor * req.block_tokens, "rendezvous" if floor == 0 else "shared_prefix")
-        prompt_tokens = max(req.prompt_tokens, len(prefix) * req.block_tokens, 1)
-        load_scale = 1.0 + sum(e.load for e in eligible) / len(eligible)
-        key = prefix[min(len(prefix), best + self.rendezvous_blocks) - 1]
-        best_engine, best_score, best_depth, best_tie = eligible[0], -math.inf, 0, -1
-        for engine, depth in zip(eligible, depths, strict=True):
-            score = (
-                (depth - floor) * req.block_tokens / prompt_tokens
-                - self.load_weight * engine.load / load_scale
-                - self.kv_weight * engine.kv_usage
-            )
-            tie = rendezvous_weight(key, engine.id)
-            if score > best_score + 1e-12 or (abs(score - best_score) <= 1e-12 and tie > best_tie):
-                best_engine, best_score, best_depth, best_tie = engine, score, depth, tie
-        return Choice(best_engine, best_depth * req.block_tokens, "affinity" if best_depth > floor else "load")
+                        depth = self.index.match(prefix, [engine.id])[0]
+                        return Choice(engine, self._cached_tokens(req, depth), "session")
+        depths = self.index.match(prefix, [e.id for e in eligible]) if prefix else [0] * len(eligible)
+        cached = [self._cached_tokens(req, d) for d in depths]
+        costs = [
+            self.queue_weight * e.pending_prefill
+            + max(0.0, req.prompt_tokens - self.cache_weight * c)
+            + self.decode_cost_tokens * e.load
+            + self.kv_cost_tokens * max(0.0, e.kv_usage - 0.8) * 5
+            for e, c in zip(eligible, cached, strict=True)
+        ]
+        cheapest = min(costs)
+        slack = max(self.tolerance_tokens, self.tolerance * cheapest)
+        floor = min(cached)
+        distinct = min(len(prefix), min(depths) + self.rendezvous_blocks) if prefix else 0
+        key = prefix[distinct - 1] if distinct else 0
+        best: tuple[int, int] | None = None
+        chosen = near = 0
+        for i, engine in enumerate(eligible):
+            if costs[i] > cheapest + slack:
+                continue
+            near += 1
+            rank = (cached[i], rendezvous_weight(key, engine.id))
+            if best is None or rank > best:
+                best, chosen = rank, i
+        if cached[chosen] > floor:
+            reason = "affinity"
+        elif near > 1:
+            reason = "rendezvous"
+        else:
+            reason = "least_cost"
+        return Choice(eligible[chosen], cached[chosen], reason)
 
-    def _least_loaded(self, eligible: Sequence[EngineState]) -> Choice:
-        engine = min(eligible, key=lambda e: (e.load, e.id))
-        return Choice(engine, 0, "least_loaded")
+    def _cached_tokens(self, req: RouteRequest, depth: int) -> int:
+        """Prompt tokens an engine holding ``depth`` leading blocks would serve from cache."""
+        prefix = req.prefix
+        if depth and depth == len(prefix):
+            extent = self.index.extent(prefix[-1])
+            if extent is not None:
+                return max(depth * req.block_tokens, min(extent, req.prompt_tokens - 1))
+        return min(depth * req.block_tokens, max(0, req.prompt_tokens - 1))
 
     # -- learning -------------------------------------------------------------------
 
     def routed(self, req: RouteRequest, choice: Choice, now: float) -> None:
         engine = choice.engine
-        predicted_tokens = choice.predicted_cached_tokens
-        self._block_tokens = req.block_tokens
         if engine.id not in self._honesty:
             self._honesty[engine.id] = _Honesty()
             self._sync_capacity(engine)
         if req.prefix:
-            self.index.record(engine.id, req.prefix)
+            self.index.record(engine.id, req.prefix, req.prompt_tokens, req.block_tokens)
         if req.session is not None:
             self.sessions[req.session] = engine.id
             self.sessions.move_to_end(req.session)
             if len(self.sessions) > self.max_sessions:
                 self.sessions.popitem(last=False)
         honesty = self._honesty[engine.id]
-        honesty.predicted_tokens += predicted_tokens
+        honesty.predicted_tokens += choice.predicted_cached_tokens
         honesty.prompt_tokens += req.prompt_tokens
-        self.predicted_tokens += predicted_tokens
+        self.predicted_tokens += choice.predicted_cached_tokens
         self.prompt_tokens += req.prompt_tokens
 
     def hit_ratio_estimate(self) -> float:
         return self.predicted_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    def _capacity_blocks(self, engine: EngineState) -> int:
-        tokens = engine.num_blocks * engine.block_size if engine.num_blocks else self.default_capacity_tokens
-        return max(1, tokens // max(1, self._block_tokens))
+    def _capacity_tokens(self, engine: EngineState) -> int:
+        return engine.num_blocks * engine.block_size if engine.num_blocks else self.default_capacity_tokens
 
     def _sync_capacity(self, engine: EngineState) -> None:
-        self.index.set_capacity(engine.id, self._capacity_blocks(engine))
+        self.index.set_capacity(engine.id, self._capacity_tokens(engine))
 
     def scraped(self, engine: EngineState) -> None:
         """Compare the engine's real prefix-cache counters with what the index predicted."""
@@ -174,10 +192,10 @@ class PrefixAffinity:
                 real = d_hits / d_queries
                 predicted = honesty.predicted_tokens / honesty.prompt_tokens
                 capacity = self.index.capacity(engine.id)
-                full = self._capacity_blocks(engine)
+                full = self._capacity_tokens(engine)
                 if predicted > 0.1 and real < 0.5 * predicted:
                     # The engine keeps less than we model (other tenants, smaller cache): shrink.
-                    self.index.set_capacity(engine.id, max(64, int(capacity * 0.75)))
+                    self.index.set_capacity(engine.id, max(1024, int(capacity * 0.75)))
                 elif capacity < full and real >= 0.8 * predicted:
                     self.index.set_capacity(engine.id, min(full, int(capacity * 1.25) + 1))
         honesty.last_queries, honesty.last_hits = queries, hits

@@ -1,0 +1,181 @@
+"""``gateway sim``: experiments on simulated engines in virtual time.
+
+Two forms:
+- ``--concurrency 1,2,4,...`` runs closed-loop clients against one engine of ``--profile``
+  at each level (default prompts 1000 tokens, outputs 128, each ±25 %, ignore_eos).
+- ``--trace FILE[@class]`` replays traces through the gateway's core and a cluster of
+  engines, once per ``--policy``, on the same arrivals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from engines.sim.profile import Profile, load_profile
+from gateway.core.classes import BATCH, INTERACTIVE, Budget
+from gateway.core.dispatcher import AdmissionSettings
+from gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup
+from gateway.simulate.report import summarize
+from gateway.simulate.traces import TraceRequest, load_trace, merge, parse_trace_arg
+
+POLICIES = ("round_robin", "least_loaded", "prefix")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", action="append", default=[], help="trace file (Mooncake .jsonl, Azure .csv), @class")
+    p.add_argument("--engines", default="8", help="engines per pool: N, or interactive=16,batch=8")
+    p.add_argument("--profile", default="gemma4-nvfp4", help="engine profile: P, or interactive=P1,batch=P2")
+    p.add_argument("--policy", default="prefix", help=f"comma-separated routing policies: {', '.join(POLICIES)}")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="replay the trace X times faster")
+    p.add_argument("--minutes", type=float, default=None, help="replay only the first M minutes")
+    p.add_argument("--batch-flood", type=int, default=0, help="keep N batch requests outstanding")
+    p.add_argument("--admission", choices=("on", "off"), default="on", help="SLO admission control")
+    p.add_argument("--shared-pool", action="store_true", help="one FCFS pool for both classes (the naive baseline)")
+    p.add_argument("--ttft-ms", type=float, default=500.0, help="interactive TTFT p99 budget")
+    p.add_argument("--itl-ms", type=float, default=50.0, help="interactive ITL p99 budget")
+    p.add_argument("--num-blocks", type=int, default=None, help="override the profile's KV cache blocks")
+    p.add_argument("--max-model-len", type=int, default=None, help="override the profile's max_model_len")
+    p.add_argument("--no-oracle", action="store_true", help="skip the pooled-cache ceilings (faster)")
+    p.add_argument(
+        "--policy-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="prefix policy setting, e.g. load_factor=2 (repeatable)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--concurrency", default=None, help="single-engine closed-loop sweep: levels like 1,2,4,8")
+    p.add_argument("--input-len", type=int, default=1000, help="sweep prompt length (tokens)")
+    p.add_argument("--output-len", type=int, default=128, help="sweep output length (tokens)")
+    p.add_argument("--json", dest="json_out", default=None, help="write results here")
+
+
+def _split(value: str, kinds: tuple[str, ...]) -> dict[str, str]:
+    if "=" not in value:
+        return dict.fromkeys(kinds, value)
+    out = {}
+    for part in value.split(","):
+        key, _, val = part.partition("=")
+        out[key.strip()] = val.strip()
+    return out
+
+
+def _profile(name: str, args: argparse.Namespace) -> Profile:
+    profile = load_profile(name)
+    return profile.with_overrides(num_blocks=args.num_blocks, max_model_len=args.max_model_len)
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.concurrency:
+        return _sweep(args)
+    if not args.trace:
+        raise SystemExit("gateway sim: give --trace FILE[@class] (or --concurrency for a single-engine sweep)")
+    traces = []
+    for arg in args.trace:
+        path, cls = parse_trace_arg(arg)
+        traces.append(load_trace(path, cls, args.minutes))
+    trace = merge(traces, args.rate_scale)
+    classes = {r.cls for r in trace} | ({BATCH} if args.batch_flood else set())
+    flood_source = [r for t in traces for r in t]
+    results: dict[str, Any] = {}
+    for policy in [p.strip() for p in args.policy.split(",") if p.strip()]:
+        if policy not in POLICIES:
+            raise SystemExit(f"gateway sim: unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+        setup = build_setup(args, policy, classes)
+        started = time.monotonic()
+        _progress(f"sim: {policy}: {len(trace)} requests on {sum(p.engines for p in setup.pools)} engines ...")
+        outcome = Cluster(setup).run(_fresh(trace), flood_source)
+        summary = summarize(setup, outcome, oracle=not args.no_oracle)
+        summary["wall_s"] = round(time.monotonic() - started, 1)
+        results[policy] = summary
+        _progress(
+            f"sim: {policy}: done in {summary['wall_s']} s wall for {summary['duration_s']} s virtual; "
+            f"ttft p99 {summary['ttft_p99_ms']} ms, hit ratio {summary['prefix_hit_ratio']}"
+        )
+    return results
+
+
+def _fresh(trace: list[TraceRequest]) -> list[TraceRequest]:
+    return [TraceRequest(r.arrival, r.input_len, r.output_len, r.hash_ids, r.cls, r.source) for r in trace]
+
+
+def _policy_options(args: argparse.Namespace) -> dict[str, float]:
+    out = {}
+    for item in args.policy_option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"gateway sim: --policy-option takes KEY=VALUE, got {item!r}")
+        out[key.strip()] = float(value)
+    return out
+
+
+def build_setup(args: argparse.Namespace, policy: str, classes: set[str]) -> ClusterSetup:
+    budgets = {INTERACTIVE: Budget(args.ttft_ms / 1000, args.itl_ms / 1000), BATCH: Budget()}
+    admission = AdmissionSettings(enabled=args.admission == "on")
+    profiles = _split(args.profile, (INTERACTIVE, BATCH))
+    counts = _split(args.engines, (INTERACTIVE, BATCH))
+    if args.shared_pool:
+        total = sum(int(counts.get(c, 0)) for c in (INTERACTIVE, BATCH) if c in classes) or int(counts[INTERACTIVE])
+        pools = [PoolSetup("shared", total, _profile(profiles.get(INTERACTIVE, args.profile), args))]
+        return ClusterSetup(
+            pools,
+            policy,
+            admission,
+            budgets,
+            {INTERACTIVE: "shared", BATCH: "shared"},
+            flood=args.batch_flood,
+            seed=args.seed,
+        )
+    pools = []
+    for cls in (INTERACTIVE, BATCH):
+        if cls not in classes:
+            continue
+        sched = "priority" if cls == BATCH else "fcfs"
+        pools.append(PoolSetup(cls, int(counts.get(cls, 8)), _profile(profiles.get(cls, args.profile), args), sched))
+    return ClusterSetup(
+        pools, policy, admission, budgets, flood=args.batch_flood, seed=args.seed, policy_options=_policy_options(args)
+    )
+
+
+def _sweep(args: argparse.Namespace) -> dict[str, Any]:
+    from engines.sim.sweep import run_sweep
+
+    levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    profile = _profile(args.profile, args)
+    _progress(f"sim: sweep {profile.name} at concurrency {levels} ...")
+    results = run_sweep(
+        profile,
+        levels,
+        args.input_len,
+        args.output_len,
+        ttft_slo_ms=args.ttft_ms,
+        itl_slo_ms=args.itl_ms,
+        seed=args.seed,
+    )
+    for level, r in results.items():
+        _progress(
+            f"  c={level}: ttft p99 {r['ttft_p99_ms']} ms, itl p99 {r['itl_p99_ms']} ms, "
+            f"{r['output_tokens_per_s']} tok/s"
+        )
+    return results
+
+
+def main(args: argparse.Namespace) -> int:
+    results = run(args)
+    text = json.dumps(results, indent=2)
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(text)
+        _progress(f"sim: wrote {args.json_out}")
+    else:
+        print(text)
+    return 0

@@ -1,0 +1,339 @@
+"""A discrete-event cluster: the gateway's core in front of simulated engines, in virtual time.
+
+Rules:
+- Arrivals go through the same ``Dispatcher`` the HTTP server uses (classification is the
+  trace's, routing and admission are the core's), with the same prefix hashing of text.
+- An engine runs steps back to back while it has work; a step's tokens are delivered at
+  its end, where they become the gateway's TTFT and inter-token observations, exactly as
+  the relay would time streamed chunks.
+- Engines are scraped every ``scrape_s`` like the monitor scrapes vLLM's ``/metrics``, and
+  the dispatcher is polled every ``poll_s`` like the server's poll loop.
+- A batch flood keeps ``flood`` batch requests outstanding at all times, their lengths drawn
+  from the traces; they stop arriving when the trace ends.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from engines.sim.core import EngineCore, EngineRequest, StepResult
+from engines.sim.profile import Profile
+from engines.sim.tokens import block_hashes_for_trace
+from gateway.core.classes import BATCH, CLASSES, INTERACTIVE, Budget
+from gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, Outcome, PoolSpec, Queued, Rejection
+from gateway.core.engines import EngineMetrics
+from gateway.core.prefix import chain_seed, hash_blocks
+from gateway.core.request import RouteRequest
+from gateway.simulate.traces import TRACE_BLOCK_TOKENS, TraceRequest
+
+MODEL = "sim-model"
+_ARRIVAL, _STEP_END, _POLL, _SCRAPE = 0, 1, 2, 3
+
+
+@dataclass(slots=True)
+class PoolSetup:
+    name: str
+    engines: int
+    profile: Profile
+    scheduling_policy: str = "fcfs"
+    backfill: bool = True
+    accept_overflow: bool = False
+
+
+@dataclass(slots=True)
+class ClusterSetup:
+    pools: list[PoolSetup]
+    policy: str = "prefix"
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    budgets: dict[str, Budget] = field(
+        default_factory=lambda: {INTERACTIVE: Budget(0.5, 0.05), BATCH: Budget(None, None, None)}
+    )
+    home: dict[str, str] = field(default_factory=dict)
+    flood: int = 0
+    scrape_s: float = 2.0
+    poll_s: float = 0.05
+    seed: int = 0
+    policy_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class Record:
+    trace: TraceRequest
+    req: RouteRequest
+    dispatch: Dispatch | None = None
+    first: float | None = None
+    last: float | None = None
+    done: float | None = None
+    rejected: str | None = None
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    gaps: list[float] = field(default_factory=list)
+    flood: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class SimEngine:
+    id: str
+    pool: str
+    core: EngineCore
+    busy_s: float = 0.0
+    stepping: bool = False
+
+
+class Cluster:
+    def __init__(self, setup: ClusterSetup) -> None:
+        self.setup = setup
+        specs = []
+        self.engines: dict[str, SimEngine] = {}
+        for pool in setup.pools:
+            ids = [f"{pool.name}-{i}" for i in range(pool.engines)]
+            specs.append(
+                PoolSpec(
+                    pool.name,
+                    ids,
+                    policy=setup.policy,
+                    takes_priority=pool.scheduling_policy == "priority",
+                    backfill=pool.backfill,
+                    accept_overflow=pool.accept_overflow,
+                    policy_options=dict(setup.policy_options) if setup.policy == "prefix" else {},
+                )
+            )
+            for i, engine_id in enumerate(ids):
+                core = EngineCore(
+                    pool.profile, model=MODEL, scheduling_policy=pool.scheduling_policy, seed=setup.seed * 1000 + i
+                )
+                self.engines[engine_id] = SimEngine(engine_id, pool.name, core)
+        self.dispatcher = Dispatcher(
+            specs,
+            home=setup.home or None,
+            budgets={cls: b.itl_s for cls, b in setup.budgets.items()},
+            admission=setup.admission,
+        )
+        self.records: dict[str, Record] = {}
+        self._events: list[tuple[float, int, int, Any]] = []
+        self._order = itertools.count()
+        self._seed = chain_seed(MODEL)
+        self._flood_rng = random.Random(setup.seed)
+        self._flood_pool: list[TraceRequest] = []
+        self._flood_open = 0
+        self._flood_ids = itertools.count()
+        self.now = 0.0
+        self.end_of_arrivals = 0.0
+        self._pending_arrivals = 0
+
+    # -- events ----------------------------------------------------------------------
+
+    def _at(self, t: float, kind: int, data: Any) -> None:
+        if kind == _ARRIVAL:
+            self._pending_arrivals += 1
+        heapq.heappush(self._events, (t, next(self._order), kind, data))
+
+    def run(self, trace: list[TraceRequest], flood_source: list[TraceRequest] | None = None) -> dict[str, Any]:
+        for i, tr in enumerate(trace):
+            self._at(tr.arrival, _ARRIVAL, (f"t{i}", tr, False))
+        self.end_of_arrivals = max((tr.arrival for tr in trace), default=0.0)
+        self._flood_pool = list(flood_source or [])
+        if self.setup.flood and self._flood_pool:
+            for _ in range(self.setup.flood):
+                self._flood_one(0.0)
+        self._at(0.0, _POLL, None)
+        self._at(0.0, _SCRAPE, None)
+        while self._events:
+            t, _, kind, data = heapq.heappop(self._events)
+            self.now = t
+            if kind == _ARRIVAL:
+                self._pending_arrivals -= 1
+                self._arrive(*data)
+            elif kind == _STEP_END:
+                self._step_end(data)
+            elif kind == _POLL:
+                self._handle(self.dispatcher.poll(t))
+                if self._busy():
+                    self._at(t + self.setup.poll_s, _POLL, None)
+            elif kind == _SCRAPE:
+                self._scrape()
+                if self._busy():
+                    self._at(t + self.setup.scrape_s, _SCRAPE, None)
+        return {"records": self.records, "engines": self.engines, "duration_s": self.now}
+
+    def _busy(self) -> bool:
+        return (
+            self._pending_arrivals > 0
+            or any(e.stepping or e.core.has_work for e in self.engines.values())
+            or self._queued()
+        )
+
+    def _queued(self) -> bool:
+        return any(len(pool.queue) for pool in self.dispatcher.pools.values())
+
+    # -- arrivals ----------------------------------------------------------------------
+
+    def _flood_one(self, t: float) -> None:
+        if t > self.end_of_arrivals:
+            return
+        tr = self._flood_rng.choice(self._flood_pool)
+        flood = TraceRequest(
+            t,
+            tr.input_len,
+            tr.output_len,
+            tuple((1 << 50) + next(self._flood_ids) * 1000 + j for j in range(len(tr.hash_ids))),
+            BATCH,
+            "flood",
+        )
+        self._flood_open += 1
+        self._at(t, _ARRIVAL, (f"f{next(self._flood_ids)}", flood, True))
+
+    def _arrive(self, rid: str, tr: TraceRequest, flood: bool) -> None:
+        text = tr.text()
+        budget = self.setup.budgets.get(tr.cls, Budget())
+        req = RouteRequest(
+            rid,
+            tr.cls,
+            MODEL,
+            self.now,
+            prompt_tokens=tr.input_len,
+            max_tokens=tr.output_len,
+            prefix=hash_blocks(text, self._seed),
+            budget=budget,
+        )
+        self.records[rid] = Record(tr, req, flood=flood)
+        self._handle([self.dispatcher.submit(req, self.now)])
+
+    def _handle(self, outcomes: list[Outcome]) -> None:
+        for outcome in outcomes:
+            if isinstance(outcome, Dispatch):
+                self._start(outcome)
+            elif isinstance(outcome, Rejection):
+                rec = self.records[outcome.request.id]
+                rec.rejected = outcome.code
+                self._closed(rec)
+            elif isinstance(outcome, Queued):
+                pass
+
+    def _start(self, dispatch: Dispatch) -> None:
+        rec = self.records[dispatch.request.id]
+        rec.dispatch = dispatch
+        tr = rec.trace
+        engine = self.engines[dispatch.engine.id]
+        hashes = block_hashes_for_trace(tr.hash_ids, tr.input_len, TRACE_BLOCK_TOKENS, engine.core.block_size)
+        limit = engine.core.max_model_len
+        prompt = min(tr.input_len, limit - 1)
+        max_tokens = max(1, min(tr.output_len, limit - prompt))
+        engine.core.add_request(
+            EngineRequest(
+                rec.req.id,
+                prompt,
+                hashes[: prompt // engine.core.block_size],
+                max_tokens,
+                priority=dispatch.priority or 0,
+                arrival=self.now,
+                ignore_eos=True,
+            ),
+            self.now,
+        )
+        if not engine.stepping:
+            self._step(engine)
+
+    def _step(self, engine: SimEngine) -> None:
+        result = engine.core.step(self.now)
+        engine.stepping = True
+        engine.busy_s += result.duration_s
+        self._at(self.now + result.duration_s, _STEP_END, (engine, result))
+
+    def _step_end(self, data: tuple[SimEngine, StepResult]) -> None:
+        engine, result = data
+        now = self.now
+        finished: list[Record] = []
+        for out in result.outputs:
+            rec = self.records.get(out.request_id)
+            if rec is None or rec.dispatch is None:
+                continue
+            rec.output_tokens += out.new_tokens
+            if out.first_token:
+                rec.first = now
+                rec.cached_tokens = out.cached_tokens
+                self.dispatcher.observe_ttft(rec.dispatch, now - rec.req.arrival, now)
+            elif rec.last is not None:
+                gap = now - rec.last
+                rec.gaps.append(gap)
+                self.dispatcher.observe_itl(rec.dispatch, gap, now)
+            rec.last = now
+            if out.finished:
+                rec.done = now
+                finished.append(rec)
+        engine.stepping = False
+        for rec in finished:
+            assert rec.dispatch is not None
+            self._handle(self.dispatcher.finish(rec.dispatch, now))
+            self._closed(rec)
+        if engine.core.has_work and not engine.stepping:
+            self._step(engine)
+
+    def _closed(self, rec: Record) -> None:
+        if rec.flood:
+            self._flood_open -= 1
+            self._flood_one(self.now)
+
+    def _scrape(self) -> None:
+        for engine in self.engines.values():
+            core = engine.core
+            state = self.dispatcher.engine(engine.id)
+            if state is None:
+                continue
+            state.mark_scrape_start()
+            metrics = EngineMetrics(
+                running=core.num_running,
+                waiting=core.num_waiting,
+                kv_usage=core.kv_cache_usage,
+                prefix_queries=core.stats.prefix_cache_queries,
+                prefix_hits=core.stats.prefix_cache_hits,
+                block_size=core.block_size,
+                num_blocks=core.profile.num_blocks,
+            )
+            self.dispatcher.apply_scrape(engine.id, metrics, self.now)
+
+
+def capacity_blocks(setup: ClusterSetup, pool: str) -> tuple[int, int]:
+    for p in setup.pools:
+        if p.name == pool:
+            return p.engines * p.profile.num_blocks, p.profile.block_size
+    raise KeyError(pool)
+
+
+def hit_ceiling(trace: list[TraceRequest], capacity_blocks: float, block_size: int) -> float:
+    """Prefix hit ratio of one LRU cache of ``capacity_blocks`` fed every request in order.
+
+    Hits follow vLLM's rule: whole leading blocks, never the prompt's last token.
+    """
+    from collections import OrderedDict
+
+    lru: OrderedDict[int, None] = OrderedDict()
+    unlimited = math.isinf(capacity_blocks)
+    hits = total = 0
+    for tr in trace:
+        hashes = block_hashes_for_trace(tr.hash_ids, tr.input_len, TRACE_BLOCK_TOKENS, block_size)
+        usable = (tr.input_len - 1) // block_size
+        n = 0
+        for h in hashes[:usable]:
+            if h not in lru:
+                break
+            n += 1
+        hits += n * block_size
+        total += tr.input_len
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+        if not unlimited:
+            while len(lru) > capacity_blocks:
+                lru.popitem(last=False)
+    return hits / total if total else 0.0
+
+
+CLASS_NAMES = CLASSES

@@ -1,0 +1,116 @@
+"""What a cluster run measured, as the JSON ``gateway sim`` writes.
+
+Per run, for all requests and again per class under ``by_class``: requests, completed,
+rejected, TTFT and ITL percentiles, prefix hit ratio (tokens served from cache / prompt
+tokens), the oracle and infinite-cache ceilings, load imbalance, SLO attainment and goodput.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from engines.sim.sweep import percentile
+from gateway.core.classes import CLASSES, Budget
+from gateway.simulate.cluster import ClusterSetup, Record, SimEngine, hit_ceiling
+
+
+def _meets(rec: Record, budget: Budget) -> bool:
+    if rec.done is None or rec.first is None:
+        return False
+    if budget.ttft_s is not None and rec.first - rec.req.arrival > budget.ttft_s:
+        return False
+    if budget.itl_s is not None and rec.gaps and percentile(rec.gaps, 99) > budget.itl_s:
+        return False
+    return not (budget.deadline_s is not None and rec.done - rec.req.arrival > budget.deadline_s)
+
+
+def _imbalance(engines: Iterable[SimEngine]) -> float:
+    busy = [e.busy_s for e in engines]
+    mean = sum(busy) / len(busy) if busy else 0.0
+    return round(max(busy) / mean, 4) if mean > 0 else 1.0
+
+
+def _block(
+    records: list[Record],
+    engines: list[SimEngine],
+    setup: ClusterSetup,
+    duration: float,
+    budgets: dict[str, Budget],
+    capacity: tuple[float, int] | None,
+) -> dict[str, Any]:
+    done = [r for r in records if r.done is not None]
+    ttft = [(r.first - r.req.arrival) * 1000 for r in done if r.first is not None]
+    gaps = [g * 1000 for r in done for g in r.gaps]
+    prompt = sum(r.trace.input_len for r in done)
+    cached = sum(r.cached_tokens for r in done)
+    meeting = sum(1 for r in records if _meets(r, budgets[r.trace.cls]))
+    out = {
+        "requests": len(records),
+        "completed": len(done),
+        "rejected": sum(1 for r in records if r.rejected is not None),
+        "rejected_by_code": _count(r.rejected for r in records if r.rejected is not None),
+        "ttft_p50_ms": _r(percentile(ttft, 50)),
+        "ttft_p99_ms": _r(percentile(ttft, 99)),
+        "itl_p50_ms": _r(percentile(gaps, 50)),
+        "itl_p99_ms": _r(percentile(gaps, 99)),
+        "prefix_hit_ratio": round(cached / prompt, 4) if prompt else 0.0,
+        "load_imbalance": _imbalance(engines),
+        "slo_attainment": round(meeting / len(records), 4) if records else 0.0,
+        "goodput_rps": round(meeting / duration, 4) if duration > 0 else 0.0,
+        "output_tokens_per_s": round(sum(r.output_tokens for r in done) / duration, 2) if duration > 0 else 0.0,
+    }
+    if capacity is not None:
+        ordered = sorted((r.trace for r in records), key=lambda t: t.arrival)
+        blocks, block_size = capacity
+        out["oracle_hit_ratio"] = round(hit_ceiling(ordered, blocks, block_size), 4)
+        out["infinite_hit_ratio"] = round(hit_ceiling(ordered, math.inf, block_size), 4)
+    return out
+
+
+def _count(values: Iterable[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return counts
+
+
+def _r(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 2)
+
+
+def summarize(setup: ClusterSetup, result: dict[str, Any], oracle: bool = True) -> dict[str, Any]:
+    records: list[Record] = list(result["records"].values())
+    engines: dict[str, SimEngine] = result["engines"]
+    starts = [r.req.arrival for r in records]
+    ends = [r.done for r in records if r.done is not None]
+    duration = (max(ends) - min(starts)) if ends and starts else 0.0
+    home = {
+        cls: setup.home.get(cls) or (cls if any(p.name == cls for p in setup.pools) else setup.pools[0].name)
+        for cls in CLASSES
+    }
+    pool_blocks = {p.name: (p.engines * p.profile.num_blocks, p.profile.block_size) for p in setup.pools}
+    all_blocks = (sum(b for b, _ in pool_blocks.values()), setup.pools[0].profile.block_size)
+    summary = _block(records, list(engines.values()), setup, duration, setup.budgets, all_blocks if oracle else None)
+    by_class = {}
+    for cls in CLASSES:
+        mine = [r for r in records if r.trace.cls == cls]
+        if not mine:
+            continue
+        pool_engines = [e for e in engines.values() if e.pool == home[cls]]
+        by_class[cls] = _block(
+            mine, pool_engines, setup, duration, setup.budgets, pool_blocks[home[cls]] if oracle else None
+        )
+    summary["by_class"] = by_class
+    summary["by_pool"] = {
+        p.name: {
+            "engines": p.engines,
+            "profile": p.profile.name,
+            "load_imbalance": _imbalance(e for e in engines.values() if e.pool == p.name),
+            "busy_s": [round(e.busy_s, 2) for e in engines.values() if e.pool == p.name],
+        }
+        for p in setup.pools
+    }
+    summary["duration_s"] = round(duration, 2)
+    return summary

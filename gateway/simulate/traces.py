@@ -1,0 +1,107 @@
+"""Request traces for the simulator: Mooncake JSONL and Azure LLM CSV, as published.
+
+A request's prompt is known only by its length (and, for Mooncake, the ids of its
+512-token blocks, where equal ids at equal positions mean equal content). The gateway
+hashes prompt *text*, so each block id becomes deterministic text: shared blocks give
+shared text, distinct blocks distinct text.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from gateway.core.classes import CLASS_RANK, INTERACTIVE
+
+TRACE_BLOCK_TOKENS = 512
+CHARS_PER_TOKEN = 4
+# The gateway hashes at most a few hundred 64-character blocks; text past that is never read.
+MAX_TEXT_CHARS = 256 * 64
+
+
+@dataclass(slots=True)
+class TraceRequest:
+    arrival: float
+    input_len: int
+    output_len: int
+    hash_ids: tuple[int, ...]
+    cls: str = INTERACTIVE
+    source: str = ""
+
+    def text(self) -> str:
+        """Prompt text as the gateway would see it (only the part it hashes)."""
+        chars = min(self.input_len * CHARS_PER_TOKEN, MAX_TEXT_CHARS)
+        per_block = TRACE_BLOCK_TOKENS * CHARS_PER_TOKEN
+        parts = []
+        for block_id in self.hash_ids[: chars // per_block + 1]:
+            unit = f"<{block_id:x}>"
+            parts.append((unit * (per_block // len(unit) + 1))[:per_block])
+        return "".join(parts)[:chars]
+
+
+def parse_trace_arg(arg: str) -> tuple[Path, str]:
+    """``FILE`` or ``FILE@class``."""
+    path, _, cls = arg.rpartition("@") if "@" in arg else (arg, "", INTERACTIVE)
+    cls = cls or INTERACTIVE
+    if cls not in CLASS_RANK:
+        raise ValueError(f"{arg}: class must be one of {', '.join(CLASS_RANK)}")
+    return Path(path), cls
+
+
+def load_trace(path: Path, cls: str = INTERACTIVE, minutes: float | None = None) -> list[TraceRequest]:
+    if path.suffix == ".jsonl":
+        reqs = list(_mooncake(path, cls))
+    elif path.suffix == ".csv":
+        reqs = list(_azure(path, cls))
+    else:
+        raise ValueError(f"{path}: expected Mooncake .jsonl or Azure .csv")
+    if minutes is not None:
+        reqs = [r for r in reqs if r.arrival < minutes * 60.0]
+    return reqs
+
+
+def _mooncake(path: Path, cls: str) -> Iterator[TraceRequest]:
+    # Timestamps come in ~3 s buckets; spreading each bucket's requests uniformly over it
+    # (seeded) avoids a synthetic burst every 3 s, as the trace's README recommends.
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rng = random.Random(f"{path.name}/jitter")
+    stamps = sorted({r["timestamp"] for r in rows})
+    width = {t: (stamps[i + 1] - t if i + 1 < len(stamps) else 3000) for i, t in enumerate(stamps)}
+    for row in rows:
+        t = row["timestamp"]
+        arrival = (t + rng.random() * width[t]) / 1000.0
+        yield TraceRequest(
+            arrival, int(row["input_length"]), max(1, int(row["output_length"])), tuple(row["hash_ids"]), cls, path.stem
+        )
+
+
+def _azure(path: Path, cls: str) -> Iterator[TraceRequest]:
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        start: datetime | None = None
+        # No prefix information: every request gets block ids of its own.
+        next_id = 1 << 40
+        for row in reader:
+            stamp = datetime.fromisoformat(row["TIMESTAMP"][:26])
+            start = start or stamp
+            input_len = max(1, int(row["ContextTokens"]))
+            blocks = -(-input_len // TRACE_BLOCK_TOKENS)
+            ids = tuple(range(next_id, next_id + blocks))
+            next_id += blocks
+            yield TraceRequest(
+                (stamp - start).total_seconds(), input_len, max(1, int(row["GeneratedTokens"])), ids, cls, path.stem
+            )
+
+
+def merge(traces: list[list[TraceRequest]], rate_scale: float = 1.0) -> list[TraceRequest]:
+    out = [r for trace in traces for r in trace]
+    if rate_scale != 1.0:
+        for r in out:
+            r.arrival /= rate_scale
+    out.sort(key=lambda r: r.arrival)
+    return out
