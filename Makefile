@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint test-vllm vllm-setup bench-relay clean
+.PHONY: run test lint test-vllm vllm-setup bench-relay engine-sweep clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,15 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+vllm-setup:
+	sh engines/vllm/setup.sh
+
+test-vllm: $(STAMP) vllm-setup
+	$(BIN)/pytest -m vllm tests/vllm tests/deploy -p no:cacheprovider
+
+engine-sweep: $(STAMP)
+	$(BIN)/python benchmarks/engine_sweep.py
 
 bench-relay: $(STAMP)
 	$(BIN)/python benchmarks/relay_overhead.py
