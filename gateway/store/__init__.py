@@ -1,0 +1,21 @@
+"""Shared state: one protocol (``Store``), two backends (in-process and Redis)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.store.base import Blobs, Store, StoreUnavailable
+from gateway.store.blobs import DirectoryBlobs
+from gateway.store.memory import MemoryStore
+from gateway.store.redis_store import RedisStore
+
+__all__ = ["Blobs", "DirectoryBlobs", "MemoryStore", "RedisStore", "Store", "StoreUnavailable", "open_store"]
+
+
+def open_store(url: str, keys: dict[str, Any] | None = None) -> Store:
+    """The backend for ``store:`` (``memory`` or ``redis://...``); ``keys.file`` keeps a memory store's keys."""
+    if url == "memory":
+        return MemoryStore((keys or {}).get("file"))
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return RedisStore(url)
+    raise ValueError(f"store must be 'memory' or a redis:// URL, got {url!r}")

@@ -1,0 +1,26 @@
+import uuid
+
+import pytest
+import pytest_asyncio
+
+from gateway.store import MemoryStore, RedisStore
+from tests.support.redis import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest_asyncio.fixture(params=["memory", "redis"], loop_scope="function")
+async def store(request):
+    if request.param == "memory":
+        backend = MemoryStore()
+    else:
+        server = request.getfixturevalue("redis_server")
+        backend = RedisStore(server.url, prefix=f"t{uuid.uuid4().hex[:8]}")
+    await backend.open()
+    yield backend
+    await backend.close()
