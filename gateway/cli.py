@@ -28,6 +28,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_sim_arguments(sim)
     sim.set_defaults(func=_sim)
 
+    bench = sub.add_parser("bench", help="load-test an OpenAI-compatible endpoint and write a report")
+    from gateway.bench.cli import add_arguments as add_bench_arguments
+
+    add_bench_arguments(bench)
+    bench.set_defaults(func=_bench)
+
     args, rest = parser.parse_known_args(argv)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -54,6 +60,12 @@ def _sim(args: argparse.Namespace) -> int:
     from gateway.simulate.cli import main as sim_main
 
     return sim_main(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from gateway.bench.cli import main as bench_main
+
+    return bench_main(args)
 
 
 if __name__ == "__main__":
