@@ -1,0 +1,125 @@
+"""``gateway bench`` against real simulated engines (and the gateway) on loopback."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from gateway.cli import main
+from tests.support.procs import start_engine, start_gateway
+
+STEP_MS = 5.0
+FIELDS = (
+    "requests",
+    "completed",
+    "errors",
+    "errors_by_code",
+    "ttft_p50_ms",
+    "ttft_p90_ms",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "itl_p90_ms",
+    "itl_p99_ms",
+    "e2e_p50_ms",
+    "e2e_p99_ms",
+    "output_tokens_per_s",
+    "request_throughput",
+    "slo_attainment",
+    "goodput_requests_per_s",
+    "goodput_tokens_per_s",
+)
+
+
+@pytest.fixture(scope="module")
+def engine(procs, tmp_path_factory):
+    proc = start_engine(tmp_path_factory.mktemp("bench"), "--token-delay-ms", str(STEP_MS), "--max-model-len", "4096")
+    procs.append(proc)
+    return proc.wait_ready()
+
+
+def bench(out, command: str) -> tuple[int, dict]:
+    code = main(["bench", "--out", str(out), *command.split()])
+    return code, json.loads((out / "results.json").read_text())
+
+
+def prefix_cache_hits(url: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("vllm:prefix_cache_hits_total"):
+            return float(line.split()[-1])
+    raise AssertionError("no vllm:prefix_cache_hits_total")
+
+
+def test_closed_loop_levels_report_plausible_numbers(engine, tmp_path):
+    out = tmp_path / "closed"
+    code, results = bench(out, f"--url {engine.url} --concurrency 1,4 --duration 1.5 --input-len 200 --output-len 32")
+    assert code == 0
+    assert results["model"] == "sim-model"
+    assert "--concurrency 1,4" in results["command"]
+    assert [r["concurrency"] for r in results["runs"]] == [1, 4]
+    for run in results["runs"]:
+        assert all(field in run for field in FIELDS)
+        assert run["completed"] == run["requests"] > 0 and run["errors"] == 0
+        assert 4.0 <= run["itl_p50_ms"] <= 30.0
+        assert STEP_MS * 0.8 <= run["ttft_p50_ms"] <= 300.0
+        # ignore_eos and max_tokens: every reply has its drawn length, 32 ± 25 %.
+        assert 24 <= run["output_tokens"] / run["completed"] <= 40
+        assert run["output_tokens_per_s"] > 0 and run["request_throughput"] > 0
+        assert 0.0 <= run["slo_attainment"] <= 1.0
+        assert run["goodput_tokens_per_s"] <= run["output_tokens_per_s"] * 1.05
+    assert results["runs"][1]["requests"] > results["runs"][0]["requests"]
+    assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (out / "report.html").read_text()
+    assert "data:image/png;base64," in page
+    assert page.count("<tr>") == 3
+    assert "gateway bench --url" in page
+
+
+def test_trace_replay_sends_every_request_with_shared_prefixes_shared(engine, tmp_path):
+    azure = tmp_path / "azure.csv"
+    rows = [f"2023-11-16 18:15:{10 + i // 2:02d}.{i % 2 * 5}000000,{150 + 10 * i},{8 + i}" for i in range(8)]
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    mooncake = tmp_path / "mooncake.jsonl"
+    lines = [
+        {"timestamp": 1000 * i, "input_length": 1100, "output_length": 10, "hash_ids": [1, 2, 100 + i]}
+        for i in range(4)
+    ]
+    mooncake.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    hits_before = prefix_cache_hits(engine.url)
+    out = tmp_path / "trace"
+    code, results = bench(out, f"--url {engine.url} --trace {azure}@interactive --trace {mooncake} --rate-scale 4")
+    assert code == 0
+    assert results["mode"] == "trace replay"
+    runs = {r["label"]: r for r in results["runs"]}
+    assert set(runs) == {"azure@interactive", "mooncake"}
+    assert runs["azure@interactive"]["completed"] == 8
+    assert runs["mooncake"]["completed"] == 4
+    assert runs["azure@interactive"]["output_tokens"] == sum(8 + i for i in range(8))
+    assert all(r["errors"] == 0 for r in runs.values())
+    # Requests 2 to 4 of the Mooncake slice share its first two 512-token blocks with the first.
+    assert prefix_cache_hits(engine.url) - hits_before >= 3 * 1024
+    assert (out / "report.png").exists() and (out / "report.html").exists()
+
+
+def test_errors_are_counted_by_status_and_code(engine, tmp_path):
+    command = f"--url {engine.url}/v1 --model no-such-model --concurrency 2 --duration 0.3"
+    code, results = bench(tmp_path / "err", command)
+    assert code == 1
+    run = results["runs"][0]
+    assert run["completed"] == 0 and run["errors"] == run["requests"] > 0
+    assert list(run["errors_by_code"]) == ["404 NotFoundError"]
+    assert run["slo_attainment"] == 0.0 and run["goodput_tokens_per_s"] == 0.0
+    assert (tmp_path / "err" / "report.html").exists()
+
+
+def test_through_the_gateway_class_header_is_sent(engine, procs, tmp_path):
+    gateway = start_gateway(tmp_path, {"pools": {"interactive": {"engines": [engine.url]}}})
+    procs.append(gateway)
+    gateway.wait_ready("/ready")
+    command = f"--url {gateway.url} --concurrency 2 --duration 0.5 --output-len 8"
+    code, results = bench(tmp_path / "ok", command + " --x-priority interactive")
+    assert code == 0 and results["runs"][0]["errors"] == 0
+    code, results = bench(tmp_path / "bad", command + " --x-priority urgent")
+    assert code == 1
+    assert list(results["runs"][0]["errors_by_code"]) == ["400 invalid_priority"]

@@ -1,0 +1,62 @@
+"""What gateway bench sends: prompt lengths, uniqueness, shared prefixes, trace text."""
+
+from __future__ import annotations
+
+from gateway.bench.workload import SyntheticWorkload, load_arrivals, trace_prompt
+from gateway.simulate.traces import TRACE_BLOCK_TOKENS, TraceRequest
+
+BLOCK_CHARS = 64
+
+
+def test_lengths_stay_within_the_spread():
+    workload = SyntheticWorkload(500, 100, spread=0.25, seed=3)
+    specs = [workload.next() for _ in range(200)]
+    assert all(375 * 4 <= len(s.prompt) <= 625 * 4 for s in specs)
+    assert all(75 <= s.output_len <= 125 for s in specs)
+    assert len({s.output_len for s in specs}) > 10
+
+
+def test_same_seed_same_requests_other_seed_other_requests():
+    def first(seed):
+        workload = SyntheticWorkload(300, 50, seed=seed)
+        return [workload.next() for _ in range(5)]
+
+    assert first(1) == first(1)
+    assert first(1) != first(2)
+
+
+def test_prompts_differ_from_their_first_block():
+    workload = SyntheticWorkload(400, 10)
+    heads = [workload.next().prompt[:BLOCK_CHARS] for _ in range(100)]
+    assert len(set(heads)) == 100
+
+
+def test_shared_prefix_is_common_then_prompts_differ():
+    workload = SyntheticWorkload(1000, 10, shared_prefix_len=600)
+    a, b = workload.next().prompt, workload.next().prompt
+    assert a[: 600 * 4] == b[: 600 * 4]
+    assert a[600 * 4 : 600 * 4 + BLOCK_CHARS] != b[600 * 4 : 600 * 4 + BLOCK_CHARS]
+
+
+def test_trace_prompt_covers_the_whole_length_and_shares_equal_blocks():
+    a = TraceRequest(0.0, 1200, 10, (7, 8, 9))
+    b = TraceRequest(1.0, 1100, 10, (7, 8, 5))
+    pa, pb = trace_prompt(a), trace_prompt(b)
+    assert len(pa) == 1200 * 4 and len(pb) == 1100 * 4
+    shared = 2 * TRACE_BLOCK_TOKENS * 4
+    assert pa[:shared] == pb[:shared]
+    assert pa[shared : shared + BLOCK_CHARS] != pb[shared : shared + BLOCK_CHARS]
+    assert pa[:BLOCK_CHARS] == a.text()[:BLOCK_CHARS]
+
+
+def test_arrivals_scaled_cut_and_classed(tmp_path):
+    trace = tmp_path / "t.csv"
+    rows = [f"2023-11-16 18:15:{10 + 2 * i:02d}.0000000,{100 + i},{5 + i}" for i in range(10)]
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    arrivals = load_arrivals([f"{trace}@batch"], rate_scale=2.0, duration=5.0)
+    assert [a.arrival for a in arrivals] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert {a.cls for a in arrivals} == {"batch"}
+    assert {a.group for a in arrivals} == {"t@batch"}
+    assert [a.spec().output_len for a in arrivals] == [5, 6, 7, 8, 9]
+    assert load_arrivals([str(trace)], x_priority="interactive")[0].cls == "interactive"
+    assert load_arrivals([str(trace)])[0].cls is None
