@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from gateway.batch.settings import BatchSettings
 from gateway.core.classes import BATCH, CLASSES, INTERACTIVE, Budget
 
 ENV_PREFIX = "GATEWAY_"
@@ -160,12 +161,34 @@ def parse_config(data: Mapping[str, Any]) -> Config:
         health_timeout_s=float(health.get("timeout_s", 1.0)),
         unhealthy_after=int(health.get("unhealthy_after", 2)),
         scrape_interval_s=float(scrape.get("interval_s", 2.0)),
-        batch=_section(data, "batch"),
-        keys=_section(data, "keys"),
+        batch=_batch_section(data),
+        keys=_keys_section(data),
         admission=_section(data, "admission"),
         prefix=_section(data, "prefix"),
         raw=dict(data),
     )
+
+
+KEYS_OPTIONS = ("file", "admin", "required", "cache_s", "refresh_s")
+
+
+def _batch_section(data: Mapping[str, Any]) -> dict[str, Any]:
+    section = _section(data, "batch")
+    try:
+        BatchSettings.from_config(section)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return section
+
+
+def _keys_section(data: Mapping[str, Any]) -> dict[str, Any]:
+    section = _section(data, "keys")
+    unknown = set(section) - set(KEYS_OPTIONS)
+    if unknown:
+        raise ConfigError(f"keys: unknown keys {', '.join(sorted(unknown))}; known: {', '.join(KEYS_OPTIONS)}")
+    if section.get("required", "auto") not in ("auto", True, False, None):
+        raise ConfigError("keys.required must be auto, true or false")
+    return section
 
 
 def _parse_pool(name: str, spec: Any) -> PoolConfig:

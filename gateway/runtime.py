@@ -12,13 +12,17 @@ import time
 from collections.abc import Callable
 
 from gateway import log
-from gateway.auth import Authenticator, OpenAccess
+from gateway.auth import Authenticator
+from gateway.batch import BatchService, BatchSettings
 from gateway.config import Config
 from gateway.core.classes import CLASSES, Budget
 from gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, Outcome, PoolSpec, Rejection
 from gateway.core.limiter import LimitSettings
 from gateway.core.request import RouteRequest
+from gateway.keys import KeyAuthenticator
 from gateway.metrics import GatewayMetrics
+from gateway.ratelimit import RateLimiter
+from gateway.store import open_store
 from gateway.upstream.h1 import EngineClient
 from gateway.upstream.monitor import EngineMonitor
 
@@ -82,8 +86,11 @@ class Gateway:
             unhealthy_after=config.unhealthy_after,
             scrape_interval_s=config.scrape_interval_s,
         )
-        self.auth: Authenticator = auth or OpenAccess()
-        self.limiter = None
+        self.store = open_store(config.store, config.keys)
+        self.keys = KeyAuthenticator(self.store, config.keys)
+        self.auth: Authenticator = auth or self.keys
+        self.limiter: RateLimiter | None = RateLimiter(self.store)
+        self.batches = BatchService(self.store, BatchSettings.from_config(config.batch), self.metrics, self.model_ids)
         self.block_chars = int(config.prefix.get("block_chars", 64))
         self.block_tokens = int(config.prefix.get("block_tokens", 16))
         self._configured_models = {p.model for p in config.pools.values() if p.model}
@@ -114,6 +121,9 @@ class Gateway:
                 for url in pool.engines:
                     self.monitor.watch(url, name)
         self._poller = asyncio.create_task(self._poll_loop(), name="dispatcher poll")
+        await self.store.open()
+        await self.keys.start()
+        self.batches.start()
         log.info(
             "gateway_started",
             pools=",".join(f"{n}:{len(p.engines) or p.discovery}" for n, p in self.config.pools.items()),
@@ -125,6 +135,9 @@ class Gateway:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
+        await self.batches.stop()
+        await self.keys.stop()
+        await self.store.close()
         await self.monitor.close()
         for fut in self._waiters.values():
             if not fut.done():

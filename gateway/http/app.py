@@ -14,8 +14,13 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from gateway.errors import ApiError, error_body
+from gateway.http.admin import admin_router
+from gateway.http.batches import batches_router
+from gateway.http.files import files_router
+from gateway.http.internal import batch_executor
 from gateway.http.proxy import ENDPOINTS, Proxy
 from gateway.runtime import Gateway
+from gateway.store import StoreUnavailable
 
 
 def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
@@ -75,6 +80,14 @@ def create_api(gateway: Gateway) -> FastAPI:
             return JSONResponse({"id": model, "object": "model", "owned_by": "gateway"})
         raise ApiError(404, f"The model '{model}' does not exist", "model_not_found", "model")
 
+    @api.exception_handler(StoreUnavailable)
+    async def store_unavailable(_: Request, exc: StoreUnavailable) -> Response:
+        body = error_body(503, "the gateway's store is unavailable; retry shortly", "store_unavailable")
+        return _json(503, body, {"retry-after": "1"})
+
+    api.include_router(files_router(gateway))
+    api.include_router(batches_router(gateway))
+    api.include_router(admin_router(gateway))
     return api
 
 
@@ -85,6 +98,7 @@ class GatewayApp:
         self.gateway = gateway
         self.api = api or create_api(gateway)
         self.proxy = Proxy(gateway)
+        gateway.batches.attach(batch_executor(gateway, self.proxy))
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         kind = scope["type"]

@@ -148,6 +148,7 @@ class Proxy:
                 req.block_tokens = self.gw.block_tokens
             if principal is not None and self.gw.limiter is not None:
                 await self.gw.limiter.admit(principal, req)
+                send = self.gw.limiter.meter(principal, req, send)
             dispatch = await self._admit(req)
             pool = dispatch.pool
             await self._relay(scope, receive, send, endpoint, dispatch, body, parsed, request_id, started)

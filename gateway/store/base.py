@@ -88,7 +88,7 @@ class Store(Blobs, Protocol):
 
     async def lease_batch(self, batch_id: str, statuses: Sequence[str], claimant: str, lease_s: float) -> bool:
         """Take the batch-level step (validating or finalizing) if its status is one of
-        ``statuses`` and nobody holds an unexpired lease on it."""
+        ``statuses`` and nobody holds an unexpired lease taken in the status it has now."""
         ...
 
     # -- batch lines ---------------------------------------------------------------------

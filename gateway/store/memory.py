@@ -129,7 +129,7 @@ class MemoryStore:
         self._order: dict[str, int] = {}
         self._seq = 0
         self._lines: dict[str, _Lines] = {}
-        self._leases: dict[str, tuple[float, str]] = {}
+        self._leases: dict[str, tuple[float, str, str]] = {}
         self._key_file = KeyFile(keys_file) if keys_file else None
         self._keys: dict[str, ApiKey] = {}
         self._rates: dict[str, dict[tuple[str, int], int]] = {}
@@ -224,9 +224,9 @@ class MemoryStore:
             return False
         now = self._now()
         held = self._leases.get(batch_id)
-        if held is not None and held[0] > now:
+        if held is not None and held[0] > now and held[2] == record.status:
             return False
-        self._leases[batch_id] = (now + lease_s, claimant)
+        self._leases[batch_id] = (now + lease_s, claimant, record.status)
         return True
 
     # -- batch lines ---------------------------------------------------------------------

@@ -151,8 +151,8 @@ local ok = false
 for i = 3, #ARGV do if status == ARGV[i] then ok = true end end
 if not ok then return 0 end
 local held = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0')
-if held > now then return 0 end
-redis.call('HSET', KEYS[1], 'lease_until', now + tonumber(ARGV[2]), 'lease_owner', ARGV[1])
+if held > now and redis.call('HGET', KEYS[1], 'lease_status') == status then return 0 end
+redis.call('HSET', KEYS[1], 'lease_until', now + tonumber(ARGV[2]), 'lease_owner', ARGV[1], 'lease_status', status)
 return 1
 """
 )
@@ -496,7 +496,7 @@ class RedisStore:
     async def drop_lines(self, batch_id: str) -> None:
         async with self._io() as r:
             await r.delete(*self._line_keys(batch_id).values())
-            await r.hdel(self._batch_key(batch_id), "lease_until", "lease_owner")
+            await r.hdel(self._batch_key(batch_id), "lease_until", "lease_owner", "lease_status")
 
     # -- API keys ------------------------------------------------------------------------
 

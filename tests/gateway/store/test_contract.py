@@ -110,6 +110,8 @@ async def test_batch_lease_is_exclusive_until_it_runs_out(store):
     assert not await store.lease_batch("batch_1", [FINALIZING], "b", 0.3)
     await asyncio.sleep(0.35)
     assert await store.lease_batch("batch_1", [VALIDATING], "b", 0.3)
+    await store.update_batch("batch_1", status=FINALIZING)
+    assert await store.lease_batch("batch_1", [FINALIZING], "a", 30), "a lease ends with the status it was taken in"
 
 
 # -- lines -------------------------------------------------------------------------------------

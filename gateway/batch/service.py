@@ -1,0 +1,185 @@
+"""The Files and Batches API's operations, for one owner at a time.
+
+Rules:
+- Files and batches belong to the key that created them (``owner``; ``""`` without keys).
+  Another owner gets 404, exactly as for an id that does not exist.
+- A file object exists only once its body is stored: a rejected or failed upload leaves
+  nothing behind.
+- A new batch starts ``validating``; the runners do the rest (see ``runner``).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Collection
+from typing import Any
+
+from gateway.batch.runner import BatchRunner, Executor
+from gateway.batch.settings import BatchSettings
+from gateway.errors import ApiError
+from gateway.metrics import GatewayMetrics
+from gateway.store import Blobs, DirectoryBlobs, Store
+from gateway.store.records import CANCELLING, IN_PROGRESS, TERMINAL, VALIDATING, BatchRecord, FileRecord, Page
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+WINDOWS = ("24h",)
+PURPOSES = ("batch",)
+
+
+def _not_found(kind: str, object_id: str) -> ApiError:
+    return ApiError(404, f"No such {kind} object: {object_id}", "not_found", "id")
+
+
+class BatchService:
+    def __init__(
+        self, store: Store, settings: BatchSettings, metrics: GatewayMetrics, models: Callable[[], Collection[str]]
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+        self.models = models
+        self.blobs: Blobs = DirectoryBlobs(settings.files_dir) if settings.files_dir else store
+        self.runner: BatchRunner | None = None
+
+    def attach(self, execute: Executor) -> None:
+        """Give the runner the gateway's request path (the HTTP layer owns it)."""
+        self.runner = BatchRunner(self.store, self.blobs, self.settings, execute, self.models, self.metrics)
+
+    def start(self) -> None:
+        if self.runner is not None:
+            self.runner.start()
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.stop()
+
+    # -- files ---------------------------------------------------------------------------
+
+    async def create_file(self, owner: str, filename: str, purpose: str, data: bytes) -> FileRecord:
+        if purpose not in PURPOSES:
+            raise ApiError(
+                400,
+                f"'purpose' must be one of {', '.join(PURPOSES)} here, got {purpose!r}",
+                "invalid_value",
+                "purpose",
+            )
+        if not data.strip():
+            raise ApiError(400, "the file is empty", "empty_file", "file")
+        if len(data) > self.settings.max_file_bytes:
+            raise ApiError(
+                413, f"the file is {len(data)} bytes; the limit is {self.settings.max_file_bytes}", "file_too_large"
+            )
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ApiError(400, "the file must be UTF-8 encoded JSONL", "invalid_file", "file") from None
+        record = FileRecord("file-" + secrets.token_hex(12), owner, filename, purpose, len(data), int(time.time()))
+        await self.blobs.put_blob(record.id, data)
+        try:
+            await self.store.put_file(record)
+        except BaseException:
+            await self.blobs.delete_blob(record.id)
+            raise
+        return record
+
+    async def get_file(self, owner: str, file_id: str) -> FileRecord:
+        record = await self.store.get_file(file_id)
+        if record is None or record.owner != owner:
+            raise _not_found("File", file_id)
+        return record
+
+    async def file_content(self, owner: str, file_id: str) -> bytes:
+        await self.get_file(owner, file_id)
+        data = await self.blobs.get_blob(file_id)
+        if data is None:
+            raise _not_found("File", file_id)
+        return data
+
+    async def delete_file(self, owner: str, file_id: str) -> None:
+        await self.get_file(owner, file_id)
+        await self.store.delete_file(file_id)
+        await self.blobs.delete_blob(file_id)
+
+    async def list_files(
+        self, owner: str, after: str | None, limit: int, descending: bool, purpose: str | None
+    ) -> Page:
+        return await self.store.list_files(owner, after, limit, descending, purpose)
+
+    # -- batches -------------------------------------------------------------------------
+
+    async def create_batch(self, owner: str, request: dict[str, Any]) -> BatchRecord:
+        input_file_id = request.get("input_file_id")
+        if not isinstance(input_file_id, str) or not input_file_id:
+            raise ApiError(400, "'input_file_id' is required", "missing_required_parameter", "input_file_id")
+        endpoint = request.get("endpoint")
+        if endpoint not in ENDPOINTS:
+            raise ApiError(400, f"'endpoint' must be one of {', '.join(ENDPOINTS)}", "invalid_value", "endpoint")
+        window = request.get("completion_window")
+        if window not in WINDOWS:
+            raise ApiError(
+                400, f"'completion_window' must be one of {', '.join(WINDOWS)}", "invalid_value", "completion_window"
+            )
+        metadata = request.get("metadata")
+        if metadata is not None and not _valid_metadata(metadata):
+            raise ApiError(
+                400,
+                "'metadata' holds up to 16 pairs of strings (keys up to 64, values up to 512 characters)",
+                "invalid_value",
+                "metadata",
+            )
+        source = await self.store.get_file(input_file_id)
+        if source is None or source.owner != owner:
+            raise _not_found("File", input_file_id)
+        if source.purpose != "batch":
+            raise ApiError(
+                400, f"the file {input_file_id} has purpose {source.purpose!r}, not 'batch'", "invalid_value"
+            )
+        now = int(time.time())
+        record = BatchRecord(
+            id="batch_" + secrets.token_hex(12),
+            owner=owner,
+            endpoint=endpoint,
+            input_file_id=input_file_id,
+            completion_window=window,
+            created_at=now,
+            expires_at=now + int(self.settings.completion_window_s),
+            metadata=metadata,
+        )
+        await self.store.create_batch(record)
+        if self.runner is not None:
+            self.runner.wake()
+        return record
+
+    async def get_batch(self, owner: str, batch_id: str) -> BatchRecord:
+        record = await self.store.get_batch(batch_id)
+        if record is None or record.owner != owner:
+            raise _not_found("Batch", batch_id)
+        return record
+
+    async def list_batches(self, owner: str, after: str | None, limit: int) -> Page:
+        return await self.store.list_batches(owner, after, limit)
+
+    async def cancel_batch(self, owner: str, batch_id: str) -> BatchRecord:
+        record = await self.get_batch(owner, batch_id)
+        if record.status in TERMINAL:
+            raise ApiError(409, f"Cannot cancel a batch with status {record.status!r}.", "batch_not_cancellable")
+        changed = await self.store.update_batch(
+            batch_id, [VALIDATING, IN_PROGRESS], status=CANCELLING, cancelling_at=int(time.time())
+        )
+        if self.runner is not None:
+            self.runner.wake()
+        record = await self.get_batch(owner, batch_id)
+        if not changed and record.status not in (CANCELLING, *TERMINAL):
+            raise ApiError(409, f"Cannot cancel a batch with status {record.status!r}.", "batch_not_cancellable")
+        return record
+
+
+def _valid_metadata(metadata: Any) -> bool:
+    return (
+        isinstance(metadata, dict)
+        and len(metadata) <= 16
+        and all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items()
+        )
+    )

@@ -1,0 +1,86 @@
+"""API key administration over HTTP: ``/admin/keys``, guarded by ``keys.admin``.
+
+The same operations as ``gateway keys``, for setups where the gateway's store is the only
+place keys can live (an in-process store without ``keys.file``) or no shell is at hand.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from gateway.errors import ApiError
+from gateway.http.files import json_response
+from gateway.keys import KeySpecError, new_key
+
+if TYPE_CHECKING:
+    from gateway.runtime import Gateway
+
+
+def _limit(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be an integer", "invalid_value", name)
+    return value
+
+
+def admin_router(gateway: Gateway) -> APIRouter:
+    router = APIRouter()
+    keys = gateway.keys
+    store = gateway.store
+
+    def check(request: Request) -> None:
+        if not keys.admin_secret:
+            raise ApiError(403, "the admin API is off: set keys.admin (GATEWAY_KEYS__ADMIN)", "admin_disabled")
+        authorization = request.headers.get("authorization")
+        if not keys.is_admin(authorization.encode("latin-1") if authorization else None):
+            raise ApiError(401, "this endpoint needs the admin key as 'Authorization: Bearer ...'", "invalid_api_key")
+
+    @router.post("/admin/keys")
+    async def create(request: Request) -> Response:
+        check(request)
+        try:
+            body = orjson.loads(await request.body() or b"{}")
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body must be a JSON object", "invalid_json")
+        classes = body.get("classes", ["interactive", "batch"])
+        if isinstance(classes, str):
+            classes = classes.split(",")
+        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+            raise ApiError(400, "'classes' must be a list of class names", "invalid_value", "classes")
+        default = body.get("default_class")
+        try:
+            key, secret = new_key(
+                str(body.get("name") or ""), classes, default, _limit(body, "rpm"), _limit(body, "tpm")
+            )
+        except KeySpecError as exc:
+            raise ApiError(400, str(exc), "invalid_value") from None
+        await store.put_key(key)
+        keys.noted_new_key()
+        return json_response({**key.to_api(), "secret": secret}, status=201)
+
+    @router.get("/admin/keys")
+    async def list_keys(request: Request) -> Response:
+        check(request)
+        return json_response({"object": "list", "data": [k.to_api() for k in await store.list_keys()]})
+
+    @router.delete("/admin/keys/{key_id}")
+    async def revoke(key_id: str, request: Request) -> Response:
+        check(request)
+        if not await store.revoke_key(key_id, int(time.time())):
+            existing = await store.get_key(key_id)
+            if existing is None:
+                raise ApiError(404, f"No such key: {key_id}", "not_found", "key_id")
+        key = await store.get_key(key_id)
+        assert key is not None
+        return json_response(key.to_api())
+
+    return router

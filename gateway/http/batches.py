@@ -1,0 +1,57 @@
+"""OpenAI's Batches API: ``/v1/batches`` (create, retrieve, list, cancel)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from gateway.core.classes import BATCH
+from gateway.errors import ApiError
+from gateway.http.files import json_response, page_limit, page_response
+from gateway.keys import caller_of
+
+if TYPE_CHECKING:
+    from gateway.runtime import Gateway
+
+
+def batches_router(gateway: Gateway) -> APIRouter:
+    router = APIRouter()
+    service = gateway.batches
+
+    async def owner(request: Request, creating: bool = False) -> str:
+        authorization = request.headers.get("authorization")
+        principal = await caller_of(gateway.auth, authorization.encode("latin-1") if authorization else None)
+        if creating and principal.allowed is not None and BATCH not in principal.allowed:
+            raise ApiError(403, "this API key may not use the 'batch' class", "class_not_allowed")
+        return principal.key_id or ""
+
+    @router.post("/v1/batches")
+    async def create(request: Request) -> Response:
+        who = await owner(request, creating=True)
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body must be a JSON object", "invalid_json")
+        record = await service.create_batch(who, body)
+        return json_response(record.to_api())
+
+    @router.get("/v1/batches")
+    async def list_batches(request: Request) -> Response:
+        limit = page_limit(request, 20, 100)
+        page = await service.list_batches(await owner(request), request.query_params.get("after"), limit)
+        return page_response(page)
+
+    @router.get("/v1/batches/{batch_id}")
+    async def retrieve(batch_id: str, request: Request) -> Response:
+        return json_response((await service.get_batch(await owner(request), batch_id)).to_api())
+
+    @router.post("/v1/batches/{batch_id}/cancel")
+    async def cancel(batch_id: str, request: Request) -> Response:
+        return json_response((await service.cancel_batch(await owner(request), batch_id)).to_api())
+
+    return router

@@ -1,0 +1,109 @@
+"""OpenAI's Files API: ``/v1/files`` (upload, list, retrieve, content, delete)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.datastructures import UploadFile
+
+from gateway.errors import ApiError
+from gateway.keys import caller_of
+from gateway.store.records import Page
+
+if TYPE_CHECKING:
+    from gateway.runtime import Gateway
+
+# Room for the multipart framing and the other form fields around the file itself.
+FORM_OVERHEAD = 64 * 1024
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def page_response(page: Page) -> Response:
+    data = [item.to_api() for item in page.items]
+    return json_response(
+        {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": page.has_more,
+        }
+    )
+
+
+def page_limit(request: Request, default: int, most: int) -> int:
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return default
+    if not raw.isdigit() or not 1 <= int(raw) <= most:
+        raise ApiError(400, f"'limit' must be an integer from 1 to {most}", "invalid_value", "limit")
+    return int(raw)
+
+
+async def owner_of(gateway: Gateway, request: Request) -> str:
+    authorization = request.headers.get("authorization")
+    principal = await caller_of(gateway.auth, authorization.encode("latin-1") if authorization else None)
+    return principal.key_id or ""
+
+
+def files_router(gateway: Gateway) -> APIRouter:
+    router = APIRouter()
+    service = gateway.batches
+
+    @router.post("/v1/files")
+    async def upload(request: Request) -> Response:
+        owner = await owner_of(gateway, request)
+        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+            raise ApiError(400, "upload the file as multipart/form-data with 'file' and 'purpose'", "invalid_request")
+        limit = service.settings.max_file_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit + FORM_OVERHEAD:
+            raise ApiError(413, f"the file exceeds the limit of {limit} bytes", "file_too_large")
+        async with request.form(max_files=1, max_fields=16) as form:
+            upload = form.get("file")
+            purpose = form.get("purpose")
+            if not isinstance(upload, UploadFile):
+                raise ApiError(400, "'file' is required (a multipart file field)", "missing_required_parameter", "file")
+            if not isinstance(purpose, str) or not purpose:
+                raise ApiError(400, "'purpose' is required", "missing_required_parameter", "purpose")
+            if upload.size is not None and upload.size > limit:
+                raise ApiError(413, f"the file is {upload.size} bytes; the limit is {limit}", "file_too_large")
+            data = await upload.read()
+            filename = upload.filename or "upload.jsonl"
+        record = await service.create_file(owner, filename, purpose, data)
+        return json_response(record.to_api())
+
+    @router.get("/v1/files")
+    async def list_files(request: Request) -> Response:
+        owner = await owner_of(gateway, request)
+        order = request.query_params.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, "'order' must be asc or desc", "invalid_value", "order")
+        limit = page_limit(request, 10000, 10000)
+        page = await service.list_files(
+            owner, request.query_params.get("after"), limit, order == "desc", request.query_params.get("purpose")
+        )
+        return page_response(page)
+
+    @router.get("/v1/files/{file_id}")
+    async def retrieve(file_id: str, request: Request) -> Response:
+        record = await service.get_file(await owner_of(gateway, request), file_id)
+        return json_response(record.to_api())
+
+    @router.get("/v1/files/{file_id}/content")
+    async def content(file_id: str, request: Request) -> Response:
+        data = await service.file_content(await owner_of(gateway, request), file_id)
+        return Response(data, media_type="application/octet-stream")
+
+    @router.delete("/v1/files/{file_id}")
+    async def delete(file_id: str, request: Request) -> Response:
+        await service.delete_file(await owner_of(gateway, request), file_id)
+        return json_response({"id": file_id, "object": "file", "deleted": True})
+
+    return router

@@ -1,0 +1,195 @@
+"""API keys: creation, lookup and the ``Authorization: Bearer`` check of /v1/*.
+
+Rules:
+- A key's secret is ``sk-<key id>.<random>``; the key id is its public prefix. The store
+  keeps only the SHA-256 of the secret, so a secret is shown once, at creation.
+- Keys are required on /v1/* as soon as one active key exists (``keys.required: auto``,
+  the default), or always (``true``), or never (``false``). Replicas notice keys created
+  elsewhere within ``keys.refresh_s``.
+- Lookups are cached for ``keys.cache_s`` (a revoked key stops working within that time on
+  every replica). While the store is unreachable, cached keys keep working and unknown
+  ones get 503, so interactive traffic from known callers survives a store outage.
+- Batch lines run in-process as their owner with a credential that never leaves the
+  process (``internal_authorization``): batch class only, no per-minute limits, as
+  OpenAI's Batch API keeps its own limits apart from the interactive ones.
+- ``keys.admin`` (usually from ``GATEWAY_KEYS__ADMIN``) guards the /admin/keys endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway import log
+from gateway.auth import ANONYMOUS, Authenticator, Principal
+from gateway.core.classes import BATCH, CLASSES
+from gateway.errors import ApiError
+from gateway.store import Store, StoreUnavailable
+from gateway.store.records import ApiKey
+
+SECRET_PREFIX = "sk-"
+_INTERNAL = b"Internal "
+
+
+class KeySpecError(ValueError):
+    """A key cannot be created as asked."""
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def key_id_of(secret: str) -> str | None:
+    if not secret.startswith(SECRET_PREFIX):
+        return None
+    key_id, dot, rest = secret[len(SECRET_PREFIX) :].partition(".")
+    return key_id if dot and key_id and rest else None
+
+
+def new_key(
+    name: str,
+    classes: Sequence[str],
+    default_class: str | None = None,
+    rpm: int | None = None,
+    tpm: int | None = None,
+) -> tuple[ApiKey, str]:
+    """A fresh key and its secret (the only time the secret exists outside the caller)."""
+    name = name.strip()
+    if not name:
+        raise KeySpecError("a key needs a name")
+    chosen = list(dict.fromkeys(c.strip().lower() for c in classes if c.strip()))
+    unknown = [c for c in chosen if c not in CLASSES]
+    if not chosen or unknown:
+        raise KeySpecError(f"classes must be some of {', '.join(CLASSES)}; got {', '.join(classes) or 'none'}")
+    default = (default_class or chosen[0]).lower()
+    if default not in chosen:
+        raise KeySpecError(f"the default class {default!r} must be one of the key's classes ({', '.join(chosen)})")
+    for label, value in (("rpm", rpm), ("tpm", tpm)):
+        if value is not None and value <= 0:
+            raise KeySpecError(f"{label} must be a positive number")
+    key_id = "key-" + secrets.token_hex(6)
+    secret = f"{SECRET_PREFIX}{key_id}.{secrets.token_urlsafe(32)}"
+    key = ApiKey(key_id, name, hash_secret(secret), chosen, default, int(time.time()), rpm, tpm)
+    return key, secret
+
+
+def principal_of(key: ApiKey) -> Principal:
+    return Principal(key.id, key.name, key.default_class, frozenset(key.classes), key.rpm, key.tpm)
+
+
+def _bearer(authorization: bytes | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.decode("latin-1").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+@dataclass(slots=True)
+class _Cached:
+    key: ApiKey | None
+    at: float
+
+
+class KeyAuthenticator:
+    def __init__(self, store: Store, settings: dict[str, Any] | None = None) -> None:
+        settings = settings or {}
+        self.store = store
+        mode = settings.get("required", "auto")
+        self._mode: bool | None = None if mode in (None, "auto") else bool(mode)
+        self._any_keys = False
+        self.cache_s = float(settings.get("cache_s", 5.0))
+        self.refresh_s = float(settings.get("refresh_s", 2.0))
+        admin = settings.get("admin")
+        self.admin_secret: str | None = str(admin) if admin else None
+        self._internal = secrets.token_hex(16).encode()
+        self._cache: dict[str, _Cached] = {}
+        self._refresher: asyncio.Task[None] | None = None
+
+    @property
+    def required(self) -> bool:
+        return self._any_keys if self._mode is None else self._mode
+
+    async def start(self) -> None:
+        if self._mode is None:
+            await self.refresh()
+            self._refresher = asyncio.create_task(self._refresh_loop(), name="key refresh")
+
+    async def stop(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+
+    async def refresh(self) -> None:
+        try:
+            self._any_keys = await self.store.active_key_count() > 0
+        except StoreUnavailable as exc:
+            log.warning("key_refresh_failed", reason=str(exc))
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            await self.refresh()
+
+    def noted_new_key(self) -> None:
+        self._any_keys = True
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def internal_authorization(self, owner: str) -> bytes:
+        """The credential batch lines of ``owner`` run with, valid in this process only."""
+        return _INTERNAL + self._internal + b" " + owner.encode()
+
+    async def authenticate(self, authorization: bytes | None) -> Principal:
+        if authorization is not None and authorization.startswith(_INTERNAL):
+            token, _, owner = authorization[len(_INTERNAL) :].partition(b" ")
+            if hmac.compare_digest(token, self._internal):
+                key_id = owner.decode()
+                return Principal(key_id or None, "batch", BATCH, frozenset({BATCH}))
+        secret = _bearer(authorization)
+        if secret is None:
+            raise ApiError(
+                401,
+                "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
+                "missing_api_key",
+            )
+        key_id = key_id_of(secret)
+        key = await self._lookup(key_id) if key_id else None
+        if key is None or not key.active or not hmac.compare_digest(key.secret_hash, hash_secret(secret)):
+            raise ApiError(401, "Incorrect API key provided.", "invalid_api_key")
+        return principal_of(key)
+
+    async def _lookup(self, key_id: str) -> ApiKey | None:
+        cached = self._cache.get(key_id)
+        now = time.monotonic()
+        if cached is not None and now - cached.at < self.cache_s:
+            return cached.key
+        try:
+            key = await self.store.get_key(key_id)
+        except StoreUnavailable as exc:
+            if cached is not None:
+                return cached.key
+            raise ApiError(
+                503, "the key store is unavailable; retry shortly", "store_unavailable", retry_after_s=1
+            ) from exc
+        if len(self._cache) > 10000:
+            self._cache.clear()
+        self._cache[key_id] = _Cached(key, now)
+        return key
+
+    def is_admin(self, authorization: bytes | None) -> bool:
+        secret = _bearer(authorization)
+        return bool(self.admin_secret and secret and hmac.compare_digest(secret, self.admin_secret))
+
+
+async def caller_of(auth: Authenticator, authorization: bytes | None) -> Principal:
+    """Who calls: the key's principal when keys are required, else the anonymous caller."""
+    return await auth.authenticate(authorization) if auth.required else ANONYMOUS
