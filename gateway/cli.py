@@ -34,6 +34,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_bench_arguments(bench)
     bench.set_defaults(func=_bench)
 
+    keys = sub.add_parser("keys", help="create, list and revoke API keys in the configured store")
+    from gateway.keys.cli import add_arguments as add_keys_arguments
+
+    add_keys_arguments(keys)
+    keys.set_defaults(func=_keys)
+
     args, rest = parser.parse_known_args(argv)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -60,6 +66,12 @@ def _sim(args: argparse.Namespace) -> int:
     from gateway.simulate.cli import main as sim_main
 
     return sim_main(args)
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from gateway.keys.cli import main as keys_main
+
+    return keys_main(args)
 
 
 def _bench(args: argparse.Namespace) -> int:

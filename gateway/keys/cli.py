@@ -1,0 +1,101 @@
+"""``gateway keys create|list|revoke``: manage API keys in the configured store.
+
+The command reads only ``store`` and ``keys`` from the config file (and ``GATEWAY_*``
+overrides). Keys need a store that outlives the command: Redis (``store: redis://...``,
+shared by every replica) or, for a single in-process replica, ``keys.file``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.config import apply_env_overrides
+from gateway.keys import KeySpecError, new_key
+from gateway.store import Store, StoreUnavailable, open_store
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="keys_command", required=True)
+    create = sub.add_parser("create", help="create a key and print its secret (shown only once)")
+    create.add_argument("--name", required=True)
+    create.add_argument("--classes", default="interactive,batch", help="comma-separated: interactive,batch")
+    create.add_argument("--default-class", help="class of requests without X-Priority (default: the first)")
+    create.add_argument("--rpm", type=int, help="requests per minute")
+    create.add_argument("--tpm", type=int, help="tokens per minute (prompt + completion)")
+    listing = sub.add_parser("list", help="list keys (never their secrets)")
+    revoke = sub.add_parser("revoke", help="revoke a key by its id")
+    revoke.add_argument("key_id")
+    for command in (create, listing, revoke):
+        command.add_argument("--config", help="YAML config file (its store and keys sections are used)")
+
+
+def store_settings(path: str | None) -> tuple[str, dict[str, Any]]:
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise SystemExit(f"{path}: the top level must be a mapping")
+        data = loaded
+    apply_env_overrides(data, os.environ)
+    keys = data.get("keys") or {}
+    if not isinstance(keys, dict):
+        raise SystemExit("keys must be a mapping")
+    return str(data.get("store") or "memory"), keys
+
+
+def main(args: argparse.Namespace) -> int:
+    url, keys = store_settings(args.config)
+    if url == "memory" and not keys.get("file"):
+        print(
+            "gateway keys: the in-process store forgets keys when this command ends; "
+            "set store: redis://... or keys.file in the config",
+            file=sys.stderr,
+        )
+        return 2
+    store = open_store(url, keys)
+    try:
+        return asyncio.run(_run(store, args))
+    except StoreUnavailable as exc:
+        print(f"gateway keys: the store is unreachable ({exc})", file=sys.stderr)
+        return 1
+
+
+async def _run(store: Store, args: argparse.Namespace) -> int:
+    await store.open()
+    try:
+        if args.keys_command == "create":
+            try:
+                key, secret = new_key(args.name, args.classes.split(","), args.default_class, args.rpm, args.tpm)
+            except KeySpecError as exc:
+                print(f"gateway keys: {exc}", file=sys.stderr)
+                return 2
+            await store.put_key(key)
+            print(f"key_id: {key.id}")
+            print(f"secret: {secret}")
+            print("The secret is shown only now; the gateway keeps only its SHA-256.", file=sys.stderr)
+            return 0
+        if args.keys_command == "list":
+            print(f"{'KEY_ID':<18} {'NAME':<20} {'CLASSES':<20} {'DEFAULT':<12} {'RPM':>7} {'TPM':>9}  STATUS")
+            for key in await store.list_keys():
+                status = "active" if key.active else "revoked " + time.strftime("%Y-%m-%d", time.gmtime(key.revoked_at))
+                print(
+                    f"{key.id:<18} {key.name[:20]:<20} {','.join(key.classes):<20} {key.default_class:<12} "
+                    f"{key.rpm or '-':>7} {key.tpm or '-':>9}  {status}"
+                )
+            return 0
+        if await store.revoke_key(args.key_id, int(time.time())):
+            print(f"revoked {args.key_id}")
+            return 0
+        known = await store.get_key(args.key_id)
+        print(f"gateway keys: {args.key_id} is {'already revoked' if known else 'not a key'}", file=sys.stderr)
+        return 1
+    finally:
+        await store.close()
