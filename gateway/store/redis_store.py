@@ -378,7 +378,8 @@ class RedisStore:
             raw = await r.hgetall(self._batch_key(batch_id))
         if not raw:
             return None
-        return BatchRecord.from_fields({k.decode(): orjson.loads(v) for k, v in raw.items()})
+        # lease_* fields belong to lease_batch and are not JSON.
+        return BatchRecord.from_fields({k.decode(): orjson.loads(v) for k, v in raw.items() if b"lease_" not in k})
 
     async def list_batches(self, owner: str, after: str | None, limit: int) -> Page:
         ids = await self._page_ids(self._k("batches", owner), after, limit + 1, True)

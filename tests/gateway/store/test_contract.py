@@ -105,8 +105,9 @@ async def test_update_batch_compares_status_and_terminal_leaves_active(store):
 
 async def test_batch_lease_is_exclusive_until_it_runs_out(store):
     await store.create_batch(batch(1))
-    assert await store.lease_batch("batch_1", [VALIDATING], "a", 0.3)
+    assert await store.lease_batch("batch_1", [VALIDATING], "1e5", 0.3)
     assert not await store.lease_batch("batch_1", [VALIDATING], "b", 0.3)
+    assert (await store.get_batch("batch_1")).status == VALIDATING
     assert not await store.lease_batch("batch_1", [FINALIZING], "b", 0.3)
     await asyncio.sleep(0.35)
     assert await store.lease_batch("batch_1", [VALIDATING], "b", 0.3)
