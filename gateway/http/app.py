@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 from gateway.errors import ApiError, error_body
 from gateway.http.admin import admin_router
 from gateway.http.batches import batches_router
-from gateway.http.files import files_router
+from gateway.http.files import caller, files_router
 from gateway.http.internal import batch_executor
 from gateway.http.proxy import ENDPOINTS, Proxy
 from gateway.runtime import Gateway
@@ -64,7 +64,8 @@ def create_api(gateway: Gateway) -> FastAPI:
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @api.get("/v1/models")
-    async def models() -> Response:
+    async def models(request: Request) -> Response:
+        await caller(gateway, request)
         data = gateway.monitor.models()
         listed = {m["id"] for m in data}
         for model in sorted(gateway.model_ids() - listed):
@@ -72,7 +73,8 @@ def create_api(gateway: Gateway) -> FastAPI:
         return JSONResponse({"object": "list", "data": data})
 
     @api.get("/v1/models/{model:path}")
-    async def model(model: str) -> Response:
+    async def model(model: str, request: Request) -> Response:
+        await caller(gateway, request)
         for entry in gateway.monitor.models():
             if entry["id"] == model:
                 return JSONResponse(entry)

@@ -10,8 +10,7 @@ from fastapi.responses import Response
 
 from gateway.core.classes import BATCH
 from gateway.errors import ApiError
-from gateway.http.files import json_response, page_limit, page_response
-from gateway.keys import caller_of
+from gateway.http.files import caller, json_response, page_limit, page_response
 
 if TYPE_CHECKING:
     from gateway.runtime import Gateway
@@ -22,8 +21,7 @@ def batches_router(gateway: Gateway) -> APIRouter:
     service = gateway.batches
 
     async def owner(request: Request, creating: bool = False) -> str:
-        authorization = request.headers.get("authorization")
-        principal = await caller_of(gateway.auth, authorization.encode("latin-1") if authorization else None)
+        principal = await caller(gateway, request)
         if creating and principal.allowed is not None and BATCH not in principal.allowed:
             raise ApiError(403, "this API key may not use the 'batch' class", "class_not_allowed")
         return principal.key_id or ""

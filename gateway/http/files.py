@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 
+from gateway.auth import Principal
 from gateway.errors import ApiError
 from gateway.keys import caller_of
 from gateway.store.records import Page
@@ -46,10 +47,14 @@ def page_limit(request: Request, default: int, most: int) -> int:
     return int(raw)
 
 
-async def owner_of(gateway: Gateway, request: Request) -> str:
+async def caller(gateway: Gateway, request: Request) -> Principal:
+    """The request's principal; 401 when keys are required and it has none that is valid."""
     authorization = request.headers.get("authorization")
-    principal = await caller_of(gateway.auth, authorization.encode("latin-1") if authorization else None)
-    return principal.key_id or ""
+    return await caller_of(gateway.auth, authorization.encode("latin-1") if authorization else None)
+
+
+async def owner_of(gateway: Gateway, request: Request) -> str:
+    return (await caller(gateway, request)).key_id or ""
 
 
 def files_router(gateway: Gateway) -> APIRouter:

@@ -1,0 +1,222 @@
+"""API keys end to end: the CLI against a real redis-server, two gateway replicas sharing keys
+and rate limits, 401/403/404/429, ownership of files and batches, the admin endpoints."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.gateway.batch.support import MODEL, chat_line, client_for, file_lines, start_stack, submit, wait_batch
+from tests.support.procs import ROOT
+from tests.support.redis import RedisServer
+
+pytestmark = pytest.mark.redis
+
+ADMIN = "admin-secret-for-tests"
+KEYS = {"admin": ADMIN, "refresh_s": 0.2, "cache_s": 0.3}
+
+
+def keys_cli(config, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "gateway", "keys", *args, "--config", str(config)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=30)
+
+
+def create_key(config, name: str, *args: str) -> tuple[str, str]:
+    done = keys_cli(config, "create", "--name", name, *args)
+    assert done.returncode == 0, done.stderr
+    fields = dict(line.split(": ", 1) for line in done.stdout.splitlines())
+    return fields["key_id"], fields["secret"]
+
+
+def chat(url: str, key: str | None, **headers: str) -> httpx.Response:
+    if key is not None:
+        headers["authorization"] = f"Bearer {key}"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=10)
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == code
+
+
+@pytest.fixture(scope="module")
+def env(procs, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("keys")
+    server = RedisServer(tmp).start()
+    config = tmp / "keys.yaml"
+    config.write_text(yaml.safe_dump({"store": server.url, "keys": KEYS}))
+    keys = {
+        "web": create_key(config, "web", "--classes", "interactive,batch"),
+        "other": create_key(config, "other", "--classes", "interactive,batch"),
+        "offline": create_key(config, "offline", "--classes", "batch"),
+        "rpm": create_key(config, "rpm", "--rpm", "4"),
+        "tpm": create_key(config, "tpm", "--tpm", "300"),
+    }
+    stack = start_stack(tmp, procs, store=server.url, keys=KEYS, gateways=2)
+    yield {"config": config, "keys": keys, "stack": stack, "urls": [g.url for g in stack.gateways]}
+    server.stop()
+
+
+def secret(env, name: str) -> str:
+    return env["keys"][name][1]
+
+
+def test_v1_needs_a_valid_key_and_probes_do_not(env):
+    url = env["urls"][0]
+    assert_error(chat(url, None), 401, "missing_api_key")
+    assert_error(chat(url, "sk-key-000000000000.forged"), 401, "invalid_api_key")
+    assert_error(chat(url, secret(env, "web") + "x"), 401, "invalid_api_key")
+    assert_error(httpx.get(url + "/v1/files", timeout=5), 401, "missing_api_key")
+    assert chat(url, secret(env, "web")).status_code == 200
+    assert httpx.get(url + "/health").status_code == 200
+    assert httpx.get(url + "/metrics").status_code == 200
+    assert_error(httpx.get(url + "/v1/models", timeout=5), 401, "missing_api_key")
+    with pytest.raises(openai.AuthenticationError):
+        client_for(env["stack"].gateways[1], "wrong").models.list()
+    assert [m.id for m in client_for(env["stack"].gateways[1], secret(env, "web")).models.list()] == [MODEL]
+
+
+def test_a_batch_only_key_gets_403_for_interactive_and_batch_by_default(env):
+    url = env["urls"][1]
+    assert_error(chat(url, secret(env, "offline"), **{"x-priority": "interactive"}), 403, "class_not_allowed")
+    reply = chat(url, secret(env, "offline"))
+    assert reply.status_code == 200 and reply.headers["x-gateway-class"] == "batch"
+    assert chat(url, secret(env, "web")).headers["x-gateway-class"] == "interactive"
+
+
+def test_files_and_batches_belong_to_their_key(env):
+    a, b = env["stack"].gateways
+    owner, stranger = client_for(a, secret(env, "web")), client_for(b, secret(env, "other"))
+    batch = wait_batch(owner, submit(owner, [chat_line(i) for i in range(5)]).id)
+    assert batch.status == "completed"
+    assert len(file_lines(owner, batch.output_file_id)) == 5
+    for call in (
+        lambda: stranger.files.retrieve(batch.input_file_id),
+        lambda: stranger.files.content(batch.output_file_id),
+        lambda: stranger.files.delete(batch.input_file_id),
+        lambda: stranger.batches.retrieve(batch.id),
+        lambda: stranger.batches.cancel(batch.id),
+        lambda: stranger.batches.create(
+            input_file_id=batch.input_file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        ),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert batch.id not in [x.id for x in stranger.batches.list()]
+    assert batch.input_file_id not in [f.id for f in stranger.files.list()]
+    assert owner.files.retrieve(batch.input_file_id).id == batch.input_file_id
+
+
+def test_a_key_without_the_batch_class_cannot_create_batches(env, tmp_path):
+    config = env["config"]
+    _, interactive_only = create_key(config, "chat-only", "--classes", "interactive")
+    client = client_for(env["stack"].gateways[0], interactive_only)
+    file_id = client.files.create(file=("x.jsonl", b'{"a": 1}\n'), purpose="batch").id
+    with pytest.raises(openai.PermissionDeniedError):
+        client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+
+
+def test_requests_per_minute_hold_across_both_replicas(env):
+    key = secret(env, "rpm")
+    answers = [chat(env["urls"][i % 2], key) for i in range(6)]
+    assert [r.status_code for r in answers[:4]] == [200] * 4
+    for refused in answers[4:]:
+        assert_error(refused, 429, "rate_limit_exceeded")
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+        assert 1 <= int(refused.headers["retry-after"]) <= 120
+    with pytest.raises(openai.RateLimitError):
+        client_for(env["stack"].gateways[1], key).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=1
+        )
+
+
+def test_tokens_per_minute_count_prompts_and_completions(env):
+    a, b = env["stack"].gateways
+    key = secret(env, "tpm")
+    messages = [{"role": "user", "content": "hi"}]
+    client_for(a, key).chat.completions.create(model=MODEL, messages=messages, max_tokens=100)
+    time.sleep(0.2)
+    stream = client_for(b, key).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=100, stream=True, stream_options={"include_usage": True}
+    )
+    assert list(stream)[-1].usage.completion_tokens == 100
+    time.sleep(0.2)
+    list(client_for(a, key).chat.completions.create(model=MODEL, messages=messages, max_tokens=100, stream=True))
+    time.sleep(0.2)
+    refused = chat(b.url, key)
+    assert_error(refused, 429, "rate_limit_exceeded")
+    assert "tokens per minute" in refused.json()["error"]["message"]
+
+
+def test_batch_lines_run_as_their_owner_when_keys_are_required(env):
+    client = client_for(env["stack"].gateways[1], secret(env, "offline"))
+    batch = wait_batch(client, submit(client, [chat_line(i) for i in range(20)]).id)
+    assert batch.status == "completed" and batch.request_counts.completed == 20
+
+
+def test_cli_lists_and_revokes_and_the_gateways_follow(env):
+    config = env["config"]
+    key_id, key = create_key(config, "short-lived", "--classes", "interactive", "--rpm", "1000", "--tpm", "99999")
+    listed = keys_cli(config, "list")
+    assert listed.returncode == 0
+    row = next(line for line in listed.stdout.splitlines() if line.startswith(key_id))
+    assert "short-lived" in row and "active" in row and "1000" in row and "99999" in row
+    assert key not in listed.stdout
+    assert chat(env["urls"][0], key).status_code == 200
+    assert keys_cli(config, "revoke", key_id).returncode == 0
+    assert "revoked" in next(line for line in keys_cli(config, "list").stdout.splitlines() if line.startswith(key_id))
+    assert keys_cli(config, "revoke", key_id).returncode == 1
+    time.sleep(0.4)
+    for url in env["urls"]:
+        assert_error(chat(url, key), 401, "invalid_api_key")
+
+
+def test_cli_refuses_bad_keys_and_a_store_that_forgets(env, tmp_path):
+    bad = keys_cli(env["config"], "create", "--name", "x", "--classes", "batch", "--default-class", "interactive")
+    assert bad.returncode == 2 and "default class" in bad.stderr
+    memory = tmp_path / "memory.yaml"
+    memory.write_text("store: memory\n")
+    forgetful = keys_cli(memory, "list")
+    assert forgetful.returncode == 2 and "keys.file" in forgetful.stderr
+
+
+def test_admin_endpoints_manage_keys_with_the_admin_key(env):
+    a, b = env["urls"]
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    assert_error(httpx.get(a + "/admin/keys"), 401, "invalid_api_key")
+    assert_error(httpx.get(a + "/admin/keys", headers={"authorization": "Bearer nope"}), 401, "invalid_api_key")
+    created = httpx.post(a + "/admin/keys", json={"name": "via-admin", "classes": ["batch"], "rpm": 50}, headers=admin)
+    assert created.status_code == 201, created.text
+    body = created.json()
+    assert body["secret"].startswith(f"sk-{body['id']}.") and body["default_class"] == "batch"
+    assert "secret_hash" not in body
+    assert chat(b, body["secret"]).status_code == 200
+    listed = httpx.get(b + "/admin/keys", headers=admin).json()["data"]
+    assert body["id"] in [k["id"] for k in listed] and all("secret" not in k for k in listed)
+    bad = httpx.post(a + "/admin/keys", json={"name": "x", "classes": ["gold"]}, headers=admin)
+    assert_error(bad, 400, "invalid_value")
+    assert httpx.delete(f"{b}/admin/keys/{body['id']}", headers=admin).json()["revoked_at"] is not None
+    assert_error(httpx.delete(f"{b}/admin/keys/key-nope", headers=admin), 404, "not_found")
+    time.sleep(0.4)
+    assert_error(chat(a, body["secret"]), 401, "invalid_api_key")
+
+
+def test_one_replica_keeps_keys_in_a_file_and_requires_them_once_one_exists(procs, tmp_path):
+    keys_file = tmp_path / "keys.json"
+    stack = start_stack(tmp_path, procs, keys={"file": str(keys_file), "refresh_s": 0.2})
+    url = stack.gateways[0].url
+    assert chat(url, None).status_code == 200
+    config = tmp_path / "file.yaml"
+    config.write_text(yaml.safe_dump({"keys": {"file": str(keys_file)}}))
+    _, key = create_key(config, "first")
+    time.sleep(0.5)
+    assert_error(chat(url, None), 401, "missing_api_key")
+    assert chat(url, key).status_code == 200
