@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import shlex
 import sys
 import time
@@ -138,6 +139,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     except UpstreamError as exc:
         raise SystemExit(f"gateway bench: {url}: {exc}") from None
     target = loadgen.Target(client, model, args.endpoint, args.x_priority, args.ignore_eos)
+    run_tag = secrets.token_hex(4)
     results: dict[str, Any] = {
         "command": command_line(args),
         "started": started,
@@ -147,6 +149,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "x_priority": args.x_priority,
         "budget": {"ttft_p99_ms": args.ttft_ms, "itl_p99_ms": args.itl_ms},
         "mode": "closed loop" if levels else "trace replay",
+        "run_tag": run_tag,
         "runs": [],
     }
     try:
@@ -166,6 +169,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     shared_prefix_len=args.shared_prefix_len,
                     seed=args.seed,
                     group=f"c={level}",
+                    tag=f"{run_tag} c={level}",
                 )
                 progress = Progress(f"c={level}", duration=_duration(args))
                 job = loadgen.closed_loop(target, workload, level, _duration(args), progress.add)
@@ -174,7 +178,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 progress.finish(_summary(row))
                 results["runs"].append(row)
         else:
-            arrivals = load_arrivals(args.trace, args.rate_scale, args.duration, args.x_priority)
+            arrivals = load_arrivals(args.trace, args.rate_scale, args.duration, args.x_priority, run_tag)
             results["workload"] = {"traces": args.trace, "rate_scale": args.rate_scale, "duration_s": args.duration}
             progress = Progress("trace", total=len(arrivals))
             samples, cpu_share = await _drive(loadgen.open_loop(target, arrivals, progress.add), progress)

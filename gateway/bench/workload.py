@@ -4,6 +4,9 @@ Rules:
 - A prompt of N tokens is about 4N characters (the simulator's count; real tokenizers vary).
 - Synthetic prompts differ from their first 64 characters on, so no two share a cached prefix,
   unless ``shared_prefix_len`` tokens of common text come first (a system prompt, a document).
+- Every prompt carries the run's ``tag`` (random per invocation, and per level), so neither the
+  next level nor a re-run against the same engine finds its prompts in the prefix cache; within a
+  trace replay, prompts that share blocks still share their text after the tag.
 - Synthetic lengths are drawn uniformly within ``±spread`` of the means from a seeded RNG, as
   ``gateway sim`` draws them: the same command sends the same requests.
 - A trace request's prompt is its block ids as text, block by block over the whole prompt, the
@@ -44,6 +47,7 @@ class SyntheticWorkload:
         seed: int = 0,
         cls: str | None = None,
         group: str = "",
+        tag: str = "",
     ) -> None:
         self.input_len = input_len
         self.output_len = output_len
@@ -51,6 +55,7 @@ class SyntheticWorkload:
         self.shared_prefix_len = shared_prefix_len
         self.cls = cls
         self.group = group
+        self.tag = tag
         self._rng = random.Random(f"bench/{seed}/{input_len}/{output_len}")
         longest = round(max(input_len, shared_prefix_len + 1) * (1.0 + spread)) * CHARS_PER_TOKEN
         self._filler = _filler(longest + 65536, seed)
@@ -63,7 +68,7 @@ class SyntheticWorkload:
     def next(self) -> RequestSpec:
         self._count += 1
         prompt_chars = max(self._draw(self.input_len), self.shared_prefix_len + 1) * CHARS_PER_TOKEN
-        head = f"Request {self._count} {self._rng.getrandbits(64):016x}. "
+        head = f"[{self.tag}] request {self._count} {self._rng.getrandbits(64):016x}. "
         need = prompt_chars - len(self._shared) - len(head)
         start = self._rng.randrange(len(self._filler) - max(need, 0))
         prompt = self._shared + head + self._filler[start : start + need]
@@ -90,15 +95,17 @@ class TraceArrival:
     request: TraceRequest
     cls: str | None
     group: str
+    tag: str = ""
 
     def spec(self) -> RequestSpec:
-        return RequestSpec(trace_prompt(self.request), self.request.output_len, self.cls, self.group)
+        return RequestSpec(trace_prompt(self.request, self.tag), self.request.output_len, self.cls, self.group)
 
 
-def trace_prompt(req: TraceRequest) -> str:
+def trace_prompt(req: TraceRequest, tag: str = "") -> str:
+    head = f"[{tag}] " if tag else ""
     chars = req.input_len * CHARS_PER_TOKEN
     blocks = -(-req.input_len // TRACE_BLOCK_TOKENS)
-    return "".join(_block_text(block_id) for block_id in req.hash_ids[:blocks])[:chars]
+    return head + "".join(_block_text(block_id) for block_id in req.hash_ids[:blocks])[: max(0, chars - len(head))]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -113,7 +120,11 @@ def trace_label(arg: str) -> str:
 
 
 def load_arrivals(
-    trace_args: list[str], rate_scale: float = 1.0, duration: float | None = None, x_priority: str | None = None
+    trace_args: list[str],
+    rate_scale: float = 1.0,
+    duration: float | None = None,
+    x_priority: str | None = None,
+    tag: str = "",
 ) -> list[TraceArrival]:
     """Every trace's requests on one time line, ``rate_scale`` times faster, cut at ``duration``.
 
@@ -125,8 +136,8 @@ def load_arrivals(
         path, cls = parse_trace_arg(arg)
         label = trace_label(arg)
         sent_cls = x_priority or (cls if "@" in arg else None)
-        out += [TraceArrival(req.arrival / rate_scale, req, sent_cls, label) for req in load_trace(Path(path), cls)]
+        out += [TraceArrival(r.arrival / rate_scale, r, sent_cls, label, tag) for r in load_trace(Path(path), cls)]
     out.sort(key=lambda a: a.arrival)
     first = out[0].arrival if out else 0.0
-    shifted = [TraceArrival(a.arrival - first, a.request, a.cls, a.group) for a in out]
+    shifted = [TraceArrival(a.arrival - first, a.request, a.cls, a.group, tag) for a in out]
     return [a for a in shifted if duration is None or a.arrival < duration]

@@ -53,6 +53,7 @@ def prefix_cache_hits(url: str) -> float:
 
 def test_closed_loop_levels_report_plausible_numbers(engine, tmp_path):
     out = tmp_path / "closed"
+    hits_before = prefix_cache_hits(engine.url)
     code, results = bench(out, f"--url {engine.url} --concurrency 1,4 --duration 1.5 --input-len 200 --output-len 32")
     assert code == 0
     assert results["model"] == "sim-model"
@@ -69,11 +70,25 @@ def test_closed_loop_levels_report_plausible_numbers(engine, tmp_path):
         assert 0.0 <= run["slo_attainment"] <= 1.0
         assert run["goodput_tokens_per_s"] <= run["output_tokens_per_s"] * 1.05
     assert results["runs"][1]["requests"] > results["runs"][0]["requests"]
+    # Every prompt is new to the engine: no level finds another's prompts in the prefix cache.
+    assert prefix_cache_hits(engine.url) == hits_before
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "report.html").read_text()
     assert "data:image/png;base64," in page
     assert page.count("<tr>") == 3
     assert "gateway bench --url" in page
+
+
+def test_shared_prefix_reaches_the_cache(engine, tmp_path):
+    hits_before = prefix_cache_hits(engine.url)
+    command = (
+        f"--url {engine.url} --concurrency 2 --duration 0.5 --input-len 300 --shared-prefix-len 256 --output-len 4"
+    )
+    code, results = bench(tmp_path / "shared", command)
+    assert code == 0
+    runs = results["runs"][0]["requests"]
+    # Every request after the first finds the 256 common tokens (16 blocks of 16) cached.
+    assert prefix_cache_hits(engine.url) - hits_before >= (runs - 1) * 256 * 0.9
 
 
 def test_trace_replay_sends_every_request_with_shared_prefixes_shared(engine, tmp_path):

@@ -31,6 +31,13 @@ def test_prompts_differ_from_their_first_block():
     assert len(set(heads)) == 100
 
 
+def test_tags_keep_runs_apart():
+    a = SyntheticWorkload(400, 10, tag="run1").next().prompt
+    b = SyntheticWorkload(400, 10, tag="run2").next().prompt
+    assert a[:BLOCK_CHARS] != b[:BLOCK_CHARS]
+    assert len(a) == len(b)
+
+
 def test_shared_prefix_is_common_then_prompts_differ():
     workload = SyntheticWorkload(1000, 10, shared_prefix_len=600)
     a, b = workload.next().prompt, workload.next().prompt
@@ -47,6 +54,10 @@ def test_trace_prompt_covers_the_whole_length_and_shares_equal_blocks():
     assert pa[:shared] == pb[:shared]
     assert pa[shared : shared + BLOCK_CHARS] != pb[shared : shared + BLOCK_CHARS]
     assert pa[:BLOCK_CHARS] == a.text()[:BLOCK_CHARS]
+    ta, tb = trace_prompt(a, "run1"), trace_prompt(b, "run1")
+    assert len(ta) == len(pa) and ta.startswith("[run1] ")
+    assert ta[:shared] == tb[:shared] and ta[shared : shared + BLOCK_CHARS] != tb[shared : shared + BLOCK_CHARS]
+    assert trace_prompt(a, "run2")[:BLOCK_CHARS] != ta[:BLOCK_CHARS]
 
 
 def test_arrivals_scaled_cut_and_classed(tmp_path):
