@@ -128,9 +128,7 @@ class BatchService:
                 "invalid_value",
                 "metadata",
             )
-        source = await self.store.get_file(input_file_id)
-        if source is None or source.owner != owner:
-            raise _not_found("File", input_file_id)
+        source = await self.get_file(owner, input_file_id)
         if source.purpose != "batch":
             raise ApiError(
                 400, f"the file {input_file_id} has purpose {source.purpose!r}, not 'batch'", "invalid_value"
