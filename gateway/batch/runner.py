@@ -105,12 +105,19 @@ class BatchRunner:
         log.info("batch_runner_started", claimant=self.claimant, concurrency=self.settings.concurrency)
 
     async def stop(self) -> None:
+        held = {batch_id: sorted(indexes) for batch_id, indexes in self._held.items()}
         for task in [*self._loops, *self._tasks]:
             task.cancel()
         for task in [*self._loops, *self._tasks]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        # Lines still held run out their leases and are taken over by the other replicas.
+        # Hand the lines this replica was running back at once rather than when their leases
+        # run out (which is all that happens if the process dies instead).
+        with contextlib.suppress(StoreUnavailable, TimeoutError):
+            async with asyncio.timeout(2.0):
+                for batch_id, indexes in held.items():
+                    for index in indexes:
+                        await self.store.defer_line(batch_id, self.claimant, index, 0)
 
     def wake(self) -> None:
         self._wake.set()
