@@ -42,12 +42,13 @@ def replicas(procs, tmp_path_factory, redis_server):
 
 
 def wait_progress(client, batch_id: str, completed: int, timeout: float = 60.0) -> None:
+    """Until ``completed`` lines are done, while the batch is still running."""
     deadline = time.monotonic() + timeout
     while True:
         batch = client.batches.retrieve(batch_id)
+        assert batch.status in ("validating", "in_progress"), batch
         if batch.request_counts.completed >= completed:
             return
-        assert batch.status in ("validating", "in_progress"), batch
         assert time.monotonic() < deadline, f"no progress: {batch.request_counts}"
         time.sleep(0.05)
 
@@ -99,7 +100,7 @@ def test_a_replica_killed_mid_batch_loses_and_duplicates_nothing(procs, tmp_path
     stack = start_stack(tmp_path, procs, store=redis_server.url, batch=REPLICA_BATCH)
     victim = stack.gateways[0]
     client = client_for(victim)
-    created = submit(client, [chat_line(i, max_tokens=40) for i in range(500)])
+    created = submit(client, [chat_line(i, max_tokens=100) for i in range(500)])
     wait_progress(client, created.id, 50)
     victim.kill(signal.SIGKILL)
     assert client_for(victim) and not victim.alive
@@ -114,7 +115,7 @@ def test_a_replica_killed_mid_batch_loses_and_duplicates_nothing(procs, tmp_path
 def test_a_redis_restart_mid_batch_loses_and_duplicates_nothing(replicas, redis_server):
     a, _ = replicas.gateways
     client = client_for(a)
-    created = submit(client, [chat_line(i, max_tokens=40) for i in range(500)])
+    created = submit(client, [chat_line(i, max_tokens=150) for i in range(500)])
     wait_progress(client, created.id, 50)
     redis_server.kill()
     # Interactive traffic does not need the store.
