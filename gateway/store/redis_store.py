@@ -10,6 +10,8 @@ Rules:
   result of a line wins and a second one changes nothing). A line whose lease ran out is
   claimed again by whoever asks next, so a dead replica's work is taken over.
 - Batch records are hashes of JSON-encoded fields; request counts move with HINCRBY.
+  ``batches:active`` (sorted by creation) lists the batches runners look at;
+  ``files:by:<owner>`` and ``batches:by:<owner>`` index each owner's objects for listing.
 - File bodies are Redis strings unless ``batch.files_dir`` puts them on a shared directory
   (see ``gateway.store.blobs``).
 - Connection failures surface as ``StoreUnavailable`` after a few quick retries; the client
@@ -308,7 +310,7 @@ class RedisStore:
             seq = await r.incr(self._k("seq"))
             async with r.pipeline(transaction=True) as p:
                 p.set(self._k("file", record.id), _enc(asdict(record)))
-                p.zadd(self._k("files", record.owner), {record.id: seq}, nx=True)
+                p.zadd(self._k("files", "by", record.owner), {record.id: seq}, nx=True)
                 await p.execute()
 
     async def get_file(self, file_id: str) -> FileRecord | None:
@@ -322,7 +324,7 @@ class RedisStore:
             return False
         async with self._io() as r, r.pipeline(transaction=True) as p:
             p.delete(self._k("file", file_id))
-            p.zrem(self._k("files", record.owner), file_id)
+            p.zrem(self._k("files", "by", record.owner), file_id)
             deleted, _ = await p.execute()
         return bool(deleted)
 
@@ -341,7 +343,7 @@ class RedisStore:
     async def list_files(
         self, owner: str, after: str | None, limit: int, descending: bool = True, purpose: str | None = None
     ) -> Page:
-        index = self._k("files", owner)
+        index = self._k("files", "by", owner)
         page = Page()
         cursor = after
         while len(page.items) <= limit:
@@ -368,7 +370,7 @@ class RedisStore:
             seq = await r.incr(self._k("seq"))
             async with r.pipeline(transaction=True) as p:
                 p.hset(self._batch_key(record.id), mapping=fields)  # type: ignore[arg-type]
-                p.zadd(self._k("batches", record.owner), {record.id: seq})
+                p.zadd(self._k("batches", "by", record.owner), {record.id: seq})
                 p.zadd(self._k("batches", "active"), {record.id: seq})
                 p.hincrby(self._k("batches", "status"), _enc(record.status).decode(), 1)
                 await p.execute()
@@ -382,7 +384,7 @@ class RedisStore:
         return BatchRecord.from_fields({k.decode(): orjson.loads(v) for k, v in raw.items() if b"lease_" not in k})
 
     async def list_batches(self, owner: str, after: str | None, limit: int) -> Page:
-        ids = await self._page_ids(self._k("batches", owner), after, limit + 1, True)
+        ids = await self._page_ids(self._k("batches", "by", owner), after, limit + 1, True)
         records = [b for b in [await self.get_batch(i) for i in ids[:limit]] if b is not None]
         return Page(records, len(ids) > limit)
 
