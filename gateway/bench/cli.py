@@ -37,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", default=None, help="closed loop at each level: 1,2,4,8")
     p.add_argument("--trace", action="append", default=[], help="replay a trace (Mooncake .jsonl, Azure .csv), @class")
     p.add_argument("--duration", type=float, default=None, help="seconds per level (default 30); a trace's first S s")
+    p.add_argument("--ramp-up", type=float, default=0.0, help="closed loop: spread client starts over S seconds")
     p.add_argument("--rate-scale", type=float, default=1.0, help="replay the trace X times faster")
     p.add_argument("--x-priority", default=None, help="send X-Priority: CLASS with every request")
     p.add_argument("--model", default=None, help="model name (default: the first of GET /v1/models)")
@@ -58,6 +59,7 @@ def command_line(args: argparse.Namespace) -> str:
     parts = ["gateway", "bench", "--url", args.url]
     if args.concurrency:
         parts += ["--concurrency", args.concurrency, "--duration", f"{_duration(args):g}"]
+        parts += ["--ramp-up", f"{args.ramp_up:g}"]
         parts += ["--input-len", str(args.input_len), "--output-len", str(args.output_len)]
         parts += ["--spread", f"{args.spread:g}", "--shared-prefix-len", str(args.shared_prefix_len)]
     for trace in args.trace:
@@ -160,6 +162,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "spread": args.spread,
                 "shared_prefix_len": args.shared_prefix_len,
                 "duration_s": _duration(args),
+                "ramp_up_s": args.ramp_up,
             }
             for level in levels:
                 workload = SyntheticWorkload(
@@ -171,8 +174,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     group=f"c={level}",
                     tag=f"{run_tag} c={level}",
                 )
-                progress = Progress(f"c={level}", duration=_duration(args))
-                job = loadgen.closed_loop(target, workload, level, _duration(args), progress.add)
+                progress = Progress(f"c={level}", duration=args.ramp_up + _duration(args))
+                job = loadgen.closed_loop(target, workload, level, _duration(args), progress.add, args.ramp_up)
                 samples, cpu_share = await _drive(job, progress)
                 row = {"concurrency": level, **_row(f"c={level}", samples, args, cpu_share)}
                 progress.finish(_summary(row))

@@ -9,11 +9,12 @@ Rules:
 - A status other than 200, an error event inside the stream, or a transport failure is an
   error, keyed ``"<status> <code>"`` (``"404 model_not_found"``), ``"stream <code>"``,
   ``"connect"``, ``"timeout"`` or ``"transport"``.
-- Closed loop at concurrency c: c clients each send, read to the end and send again. A client's
-  first request is warm-up (all c start together, so their prefills collide). Requests sent
-  before ``duration`` ends are measured; after it the clients keep the load up with cool-down
-  requests, cancelled once every measured request has finished, so every measured request ran
-  among c streams.
+- Closed loop at concurrency c: c clients each send, read to the end and send again. Client i
+  starts ``ramp_up * i / c`` seconds in (spread starts desynchronize the clients at once; started
+  together, their prefills collide for several rounds). A client's first request is warm-up.
+  Requests sent in the ``duration`` seconds after the ramp-up are measured; after it the clients
+  keep the load up with cool-down requests, cancelled once every measured request has finished,
+  so every measured request ran among c streams.
 - Open loop: each request is sent at its arrival time whatever is in flight; all are measured,
   and how late the client sent each one is kept (``lag``) to show the client kept up.
 """
@@ -170,20 +171,22 @@ async def closed_loop(
     concurrency: int,
     duration: float,
     on_done: Callable[[Sample], None] = lambda s: None,
+    ramp_up: float = 0.0,
 ) -> list[Sample]:
     """``concurrency`` clients back to back for ``duration`` seconds (see the module's rules)."""
     loop = asyncio.get_running_loop()
     samples: list[Sample] = []
-    deadline = now() + duration
+    deadline = now() + ramp_up + duration
     finished: asyncio.Future[None] = loop.create_future()
-    outstanding = 0  # warm-up and measured requests not yet done
+    outstanding = concurrency  # warm-up (one per client) and measured requests not yet done
 
     def check() -> None:
         if outstanding == 0 and now() >= deadline and not finished.done():
             finished.set_result(None)
 
-    async def client() -> None:
+    async def client(delay: float) -> None:
         nonlocal outstanding
+        await asyncio.sleep(delay)
         warmup = True
         while True:
             spec = workload.next()
@@ -191,15 +194,15 @@ async def closed_loop(
             sample.measured = not warmup and sample.sent < deadline
             counted = warmup or sample.measured
             samples.append(sample)
-            outstanding += counted
+            outstanding += sample.measured
             await stream_one(target, spec, sample)
             on_done(sample)
             outstanding -= counted
             check()
             warmup = False
 
-    timer = loop.call_at(loop.time() + duration, check)
-    clients = [loop.create_task(client()) for _ in range(concurrency)]
+    timer = loop.call_at(loop.time() + ramp_up + duration, check)
+    clients = [loop.create_task(client(ramp_up * i / concurrency)) for i in range(concurrency)]
     try:
         await asyncio.wait([finished, *clients], return_when=asyncio.FIRST_COMPLETED)
     finally:

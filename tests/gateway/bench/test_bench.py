@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import httpx
 import pytest
 
+from gateway.bench import loadgen
+from gateway.bench.workload import SyntheticWorkload
 from gateway.cli import main
+from gateway.upstream.h1 import EngineClient
 from tests.support.procs import start_engine, start_gateway
 
 STEP_MS = 5.0
@@ -138,3 +142,17 @@ def test_through_the_gateway_class_header_is_sent(engine, procs, tmp_path):
     code, results = bench(tmp_path / "bad", command + " --x-priority urgent")
     assert code == 1
     assert list(results["runs"][0]["errors_by_code"]) == ["400 invalid_priority"]
+
+
+async def test_ramp_up_spreads_client_starts(engine):
+    client = EngineClient(engine.url)
+    try:
+        target = loadgen.Target(client, "sim-model")
+        samples = await loadgen.closed_loop(target, SyntheticWorkload(100, 4, tag="ramp"), 3, 0.3, ramp_up=0.6)
+    finally:
+        client.close()
+    starts = sorted(s.sent for s in samples if s.warmup)
+    assert len(starts) == 3
+    assert all(later - earlier >= 0.15 for earlier, later in itertools.pairwise(starts))
+    measured = [s for s in samples if s.measured]
+    assert measured and all(not s.warmup and s.error is None for s in measured)
