@@ -8,7 +8,8 @@ Rules:
   elsewhere within ``keys.refresh_s``.
 - Lookups are cached for ``keys.cache_s`` (a revoked key stops working within that time on
   every replica). While the store is unreachable, cached keys keep working and unknown
-  ones get 503, so interactive traffic from known callers survives a store outage.
+  ones get 503, so interactive traffic from known callers survives a store outage. A replica
+  that has never reached its store requires keys (``auto`` fails closed).
 - Batch lines run in-process as their owner with a credential that never leaves the
   process (``internal_authorization``): batch class only, no per-minute limits, as
   OpenAI's Batch API keeps its own limits apart from the interactive ones.
@@ -104,7 +105,9 @@ class KeyAuthenticator:
         self.store = store
         mode = settings.get("required", "auto")
         self._mode: bool | None = None if mode in (None, "auto") else bool(mode)
-        self._any_keys = False
+        # Unknown until the store first answers: closed, so a replica that starts during a
+        # store outage does not serve keyless callers a deployment with keys would refuse.
+        self._any_keys: bool | None = None
         self.cache_s = float(settings.get("cache_s", 5.0))
         self.refresh_s = float(settings.get("refresh_s", 2.0))
         admin = settings.get("admin")
@@ -115,7 +118,9 @@ class KeyAuthenticator:
 
     @property
     def required(self) -> bool:
-        return self._any_keys if self._mode is None else self._mode
+        if self._mode is not None:
+            return self._mode
+        return True if self._any_keys is None else self._any_keys
 
     async def start(self) -> None:
         if self._mode is None:

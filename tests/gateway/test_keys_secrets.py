@@ -54,3 +54,18 @@ async def test_the_internal_credential_works_only_in_its_process():
     with pytest.raises(ApiError) as forged:
         await auth.authenticate(other.internal_authorization("key-1"))
     assert forged.value.status == 401
+
+
+class DownStore(MemoryStore):
+    async def active_key_count(self):
+        raise StoreUnavailable("down")
+
+
+async def test_keys_are_required_until_the_store_says_there_are_none():
+    auth = KeyAuthenticator(DownStore())
+    await auth.refresh()
+    assert auth.required
+    empty = KeyAuthenticator(MemoryStore())
+    await empty.refresh()
+    assert not empty.required
+    assert KeyAuthenticator(DownStore(), {"required": False}).required is False
