@@ -3,14 +3,14 @@
 Rules:
 - Latencies are of the measured requests (closed loop: not the warm-up, not the cool-down; if a
   run was too short to measure any, its warm-up requests stand in and ``warmup_only`` says so).
-- The window runs from the first measured request's sending to the last one's end. Request
-  rates divide by it; output tokens/s counts every token delivered inside it, by whatever
-  request (a closed loop's warm-up and cool-down streams are load on the server too), spreading
-  each request's token count evenly over its content events.
+- The window runs from the first measured request's sending to the last one's end. Throughput
+  is what the endpoint delivered inside it, whichever request it was for (a closed loop's
+  warm-up and cool-down streams are load on the server too): requests completed, and output
+  tokens (each request's count spread evenly over its content events), per second.
 - A request meets the SLO when it completed, its TTFT is within the TTFT budget and the p99 of
   its own inter-token gaps is within the ITL budget. SLO attainment is the share of measured
-  requests that meet it (errors count against it); goodput is their rate, in requests and in
-  output tokens per second of the window.
+  requests that meet it (errors count against it). Goodput is throughput times the share of the
+  measured requests' completions (requests/s) or output tokens (tokens/s) that met the SLO.
 """
 
 from __future__ import annotations
@@ -82,9 +82,11 @@ def summarize(samples: Sequence[Sample], ttft_budget_ms: float, itl_budget_ms: f
     start = min((s.sent for s in measured), default=0.0)
     window = max(ends) - start if ends else 0.0
     meeting = [s for s in measured if meets_slo(s, ttft_budget_ms, itl_budget_ms)]
-
-    def rate(value: float) -> float:
-        return round(value / window, 3) if window > 0 else 0.0
+    end = start + window
+    completions = sum(1 for s in samples if completed(s) and s.done is not None and start <= s.done <= end)
+    token_rate = _tokens_in(samples, start, end) / window if window > 0 else 0.0
+    request_rate = completions / window if window > 0 else 0.0
+    done_tokens = sum(tokens(s) for s in done)
 
     out: dict[str, Any] = {
         "requests": len(measured),
@@ -97,11 +99,13 @@ def summarize(samples: Sequence[Sample], ttft_budget_ms: float, itl_budget_ms: f
         **_quantiles("itl", [g * 1000.0 for s in done for g in gaps(s)]),
         **_quantiles("e2e", [(s.done - s.sent) * 1000.0 for s in done if s.done is not None]),
         "output_tokens": sum(tokens(s) for s in done),
-        "output_tokens_per_s": rate(_tokens_in(samples, start, start + window)),
-        "request_throughput": rate(len(done)),
+        "output_tokens_per_s": round(token_rate, 3),
+        "request_throughput": round(request_rate, 3),
         "slo_attainment": round(len(meeting) / len(measured), 4) if measured else 0.0,
-        "goodput_requests_per_s": rate(len(meeting)),
-        "goodput_tokens_per_s": rate(sum(tokens(s) for s in meeting)),
+        "goodput_requests_per_s": round(request_rate * len(meeting) / len(done), 3) if done else 0.0,
+        "goodput_tokens_per_s": round(token_rate * sum(tokens(s) for s in meeting) / done_tokens, 3)
+        if done_tokens
+        else 0.0,
     }
     out["meets_slo"] = bool(
         done

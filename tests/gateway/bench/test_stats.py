@@ -50,6 +50,19 @@ def test_warmup_and_cooldown_are_load_but_not_latency():
     # In the window [1.0, 2.001]: the measured request's 8 tokens (2 per event) and the two
     # cool-down events, counted at the mean of 2 tokens per event of requests with usage.
     assert out["output_tokens_per_s"] == pytest.approx(12 / 1.001, rel=1e-3)
+    # Completed inside the window: the measured request only (the warm-up ends after it).
+    assert out["request_throughput"] == pytest.approx(1 / 1.001, rel=1e-3)
+
+
+def test_goodput_is_throughput_when_every_request_meets_the_slo():
+    measured = [sample(0.1 * i, [0.1 * i + 0.1, 0.1 * i + 0.12], tokens=3) for i in range(5)]
+    warm = sample(0.0, [0.05, 0.3], tokens=2, warmup=True, measured=False)
+    out = summarize([warm, *measured], 500, 50)
+    assert out["slo_attainment"] == 1.0
+    assert out["goodput_tokens_per_s"] == out["output_tokens_per_s"]
+    assert out["goodput_requests_per_s"] == out["request_throughput"]
+    # The warm-up's late event and its completion fall inside the window: load, not latency.
+    assert out["request_throughput"] == pytest.approx(6 / out["window_s"], rel=1e-3)
 
 
 def test_warmup_stands_in_when_nothing_was_measured():
