@@ -16,7 +16,15 @@ from gateway.auth import Authenticator
 from gateway.batch import BatchService, BatchSettings
 from gateway.config import Config
 from gateway.core.classes import CLASSES, Budget
-from gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, Outcome, PoolSpec, Rejection
+from gateway.core.dispatcher import (
+    AdmissionSettings,
+    Dispatch,
+    Dispatcher,
+    Outcome,
+    PoolSpec,
+    Preempted,
+    Rejection,
+)
 from gateway.core.limiter import LimitSettings
 from gateway.core.request import RouteRequest
 from gateway.keys import KeyAuthenticator
@@ -97,6 +105,8 @@ class Gateway:
         self._waiters: dict[str, asyncio.Future[Outcome]] = {}
         self._poller: asyncio.Task[None] | None = None
         self.on_stop: list[Callable[[], None]] = []
+        # Running relays by request id: how to stop one that the core preempts.
+        self.active: dict[str, Callable[[], bool]] = {}
 
     def _make_client(self, engine_id: str, pool: str) -> EngineClient:
         return EngineClient(
@@ -159,8 +169,9 @@ class Gateway:
     # -- queued requests ------------------------------------------------------------------
 
     async def wait_turn(self, req: RouteRequest) -> Outcome:
-        fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self._waiters[req.id] = fut
+        fut = self._waiters.get(req.id)
+        if fut is None:
+            fut = self._waiters[req.id] = asyncio.get_running_loop().create_future()
         try:
             return await fut
         except asyncio.CancelledError:
@@ -169,9 +180,22 @@ class Gateway:
         finally:
             self._waiters.pop(req.id, None)
 
+    def _preempt(self, outcome: Preempted) -> None:
+        req = outcome.request
+        stop = self.active.get(req.id)
+        if stop is not None and stop():
+            # Its next turn may come within this very batch of outcomes: be there to take it.
+            self._waiters[req.id] = asyncio.get_running_loop().create_future()
+        else:
+            # It finished (or started answering) meanwhile: drop the copy the core queued again.
+            self.dispatcher.cancel(req, time.monotonic())
+
     def settle(self, outcomes: list[Outcome]) -> None:
         """Hand queued requests their turn (or their refusal)."""
         for outcome in outcomes:
+            if isinstance(outcome, Preempted):
+                self._preempt(outcome)
+                continue
             fut = self._waiters.get(outcome.request.id)
             if fut is not None and not fut.done():
                 fut.set_result(outcome)

@@ -12,9 +12,12 @@ Rules:
   queue, interactive before batch, until it can start; an interactive request that
   cannot start within its TTFT budget is refused at once with ``slo_budget_exceeded``.
 - Batch requests may also start on engines of the interactive pool (backfill) while those
-  keep a reserve of free slots and no interactive request waits. Interactive requests
-  may overflow into a pool that accepts them; such pools run vLLM's priority scheduling
-  and get ``priority`` written, so interactive work preempts batch there.
+  keep a reserve of free slots and no interactive request waits. When an interactive
+  request finds no room, a restartable (not streamed) backfilled batch request is stopped
+  to make room (``Preempted``) and queued again at its old place, as vLLM preempts by
+  recomputation. Interactive requests may overflow into a pool that accepts them; such
+  pools run vLLM's priority scheduling and get ``priority`` written, so interactive work
+  preempts batch there.
 - When a queue is full, the newest batch request is shed to make room; a batch request
   that finds the queue full of interactive work is refused.
 - Time is always an argument: the HTTP layer passes the wall clock, the simulator a
@@ -67,6 +70,8 @@ class Dispatch:
     dispatched_at: float = 0.0
     prefill_tokens: int = 0
     """Uncached prompt tokens counted in the engine's ``pending_prefill`` until the first token."""
+    preemptible: bool = False
+    done: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -84,7 +89,18 @@ class Queued:
     pool: str
 
 
-Outcome = Dispatch | Queued | Rejection
+@dataclass(slots=True, eq=False)
+class Preempted:
+    """Stop this backfilled batch request now; it has been queued again and will restart."""
+
+    dispatch: Dispatch
+
+    @property
+    def request(self) -> RouteRequest:
+        return self.dispatch.request
+
+
+Outcome = Dispatch | Queued | Rejection | Preempted
 
 
 class Pool:
@@ -135,7 +151,8 @@ class Dispatcher:
         self.limits: dict[str, ConcurrencyLimit] = {}
         self._engines: dict[str, EngineState] = {}
         self._queued_pool: dict[str, Pool] = {}
-        self._shed: list[Outcome] = []
+        self._notices: list[Outcome] = []
+        self._backfilled: dict[str, list[Dispatch]] = {}
         self._reindex(0.0)
 
     # -- topology and health -------------------------------------------------
@@ -241,21 +258,47 @@ class Dispatcher:
             for other in self.pools.values():
                 if other is pool or not other.backfill or other.queue.depth(INTERACTIVE):
                     continue
-                candidates = [
-                    e
-                    for e in other.healthy(exclude)
-                    if e.load
-                    < self.limits[e.id].limit - max(1.0, self.admission.backfill_reserve * self.limits[e.id].limit)
-                ]
-                choice = other.policy.choose(req, candidates, now)
+                choice = other.policy.choose(req, self._backfill_room(other, exclude), now)
                 if choice is not None:
                     return self._start(req, other, choice, now, exclude, reason="backfill")
-        else:
-            for other in self._overflow_pools(req):
-                choice = other.policy.choose(req, self._with_room(other, exclude), now)
-                if choice is not None:
-                    return self._start(req, other, choice, now, exclude, reason="overflow")
+            return None
+        for other in self._overflow_pools(req):
+            choice = other.policy.choose(req, self._with_room(other, exclude), now)
+            if choice is not None:
+                return self._start(req, other, choice, now, exclude, reason="overflow")
+        if self._preempt_backfill(pool, exclude, now):
+            choice = pool.policy.choose(req, self._with_room(pool, exclude), now)
+            if choice is not None:
+                return self._start(req, pool, choice, now, exclude, reason="preempted_backfill")
         return None
+
+    def _backfill_room(self, pool: Pool, exclude: Sequence[str]) -> list[EngineState]:
+        """Engines of ``pool`` with room to spare beyond a reserve kept for their own class."""
+        out = []
+        for engine in pool.healthy(exclude):
+            limit = self.limits[engine.id].limit
+            if engine.load < limit - self.admission.backfill_reserve * limit:
+                out.append(engine)
+        return out
+
+    def _preempt_backfill(self, pool: Pool, exclude: Sequence[str], now: float) -> bool:
+        """Free a slot in ``pool`` by stopping the youngest restartable batch request backfilled there."""
+        victims = [
+            d
+            for e in pool.healthy(exclude)
+            if e.load - 1 < self.limits[e.id].limit  # one stop must be enough to make room
+            for d in self._backfilled.get(e.id, ())
+            if not d.done and d.preemptible
+        ]
+        if not victims:
+            return False
+        victim = max(victims, key=lambda d: d.dispatched_at)
+        self._release(victim)
+        self._notices.append(Preempted(victim))
+        home = self.pool_for(victim.request.cls)
+        home.queue.push(victim.request, self._start_deadline(victim.request, home), now)
+        self._queued_pool[victim.request.id] = home
+        return True
 
     def _start_deadline(self, req: RouteRequest, pool: Pool) -> float:
         if req.budget.ttft_s is not None:
@@ -276,7 +319,7 @@ class Dispatcher:
             victim = pool.queue.shed(BATCH)
             assert victim is not None
             self._queued_pool.pop(victim.request.id, None)
-            self._shed.append(
+            self._notices.append(
                 Rejection(
                     victim.request, 429, "shed", "shed to make room for interactive work", self._retry_after(wait)
                 )
@@ -322,7 +365,7 @@ class Dispatcher:
         if self.admission.enabled:
             self.limits[engine.id].note_load(engine.load)
         priority = CLASS_RANK[req.cls] if pool.takes_priority else None
-        return Dispatch(
+        dispatch = Dispatch(
             req,
             engine,
             pool.name,
@@ -332,16 +375,30 @@ class Dispatcher:
             excluded=tuple(exclude),
             dispatched_at=now,
             prefill_tokens=prefill,
+            preemptible=reason == "backfill" and req.restartable,
         )
+        if dispatch.preemptible:
+            self._backfilled.setdefault(engine.id, []).append(dispatch)
+        return dispatch
 
     def _prefilled(self, dispatch: Dispatch) -> None:
         if dispatch.prefill_tokens:
             dispatch.engine.pending_prefill -= dispatch.prefill_tokens
             dispatch.prefill_tokens = 0
 
-    def finish(self, dispatch: Dispatch, now: float, ok: bool = True) -> list[Outcome]:
+    def _release(self, dispatch: Dispatch) -> None:
+        dispatch.done = True
         dispatch.engine.finished(dispatch.request.cls)
         self._prefilled(dispatch)
+        backfilled = self._backfilled.get(dispatch.engine.id)
+        if backfilled and dispatch in backfilled:
+            backfilled.remove(dispatch)
+
+    def finish(self, dispatch: Dispatch, now: float, ok: bool = True) -> list[Outcome]:
+        if dispatch.done:
+            # Already released (preempted): nothing to give back.
+            return self._drain(now) if self.admission.enabled else []
+        self._release(dispatch)
         if not self.admission.enabled:
             return []
         if ok:
@@ -349,30 +406,34 @@ class Dispatcher:
         return self._drain(now)
 
     def _drain(self, now: float) -> list[Outcome]:
-        out: list[Outcome] = self._take_shed()
+        out: list[Outcome] = self.take_notices()
         for pool in self.pools.values():
             queue = pool.queue
             while (entry := queue.peek()) is not None:
                 placed = self._place(entry.request, pool, now)
+                # A placement may have preempted someone: that notice must come before any
+                # later dispatch of the same request.
+                out.extend(self.take_notices())
                 if placed is None:
                     break
-                queue.pop()
+                queue.remove(entry.request)
                 self._queued_pool.pop(entry.request.id, None)
                 out.append(placed)
         return out
 
-    def _take_shed(self) -> list[Outcome]:
-        if not self._shed:
+    def take_notices(self) -> list[Outcome]:
+        """Outcomes for requests other than the one just submitted (shed, preempted)."""
+        if not self._notices:
             return []
-        shed, self._shed = self._shed, []
-        return shed
+        notices, self._notices = self._notices, []
+        return notices
 
     def retry(self, dispatch: Dispatch, now: float) -> Outcome:
         """The engine refused the connection before any byte: try another of the pool once."""
         extra = self.finish(dispatch, now, ok=False)
         outcome = self.submit(dispatch.request, now, exclude=(*dispatch.excluded, dispatch.engine.id))
         if extra:
-            self._shed.extend(extra)
+            self._notices.extend(extra)
         return outcome
 
     def poll(self, now: float) -> list[Outcome]:
@@ -422,4 +483,4 @@ class Dispatcher:
     def observe_itl(self, dispatch: Dispatch, seconds: float, now: float) -> None:
         limit = self.limits.get(dispatch.engine.id)
         if limit is not None:
-            limit.itl.observe(seconds, now)
+            limit.observe_itl(seconds, dispatch.engine.load, now)

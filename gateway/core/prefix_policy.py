@@ -8,9 +8,10 @@ Rules:
 - A pinned session (``X-Session-ID``) stays on its engine while that engine is eligible;
   otherwise the pin moves to wherever the request goes.
 - Each eligible engine gets a cost in prompt tokens: the prefill already queued on it
-  (``pending_prefill``), plus the part of this prompt it does not hold in cache, plus
-  ``decode_cost_tokens`` per request in flight, plus a penalty that grows with KV cache
-  pressure. The cost is what stands between the request and its first token.
+  (``pending_prefill``, weighted by ``queue_weight``), plus the part of this prompt it does
+  not hold in cache, plus ``decode_cost_tokens`` per request in flight, plus a penalty that
+  grows with KV cache pressure. Queued prefill weighs less than a token of this prompt: a
+  queue drains in seconds, while a cache hit kept also serves the conversation's next turns.
 - Engines within ``tolerance`` of the cheapest are equally good: among them the one holding
   the most of the prompt wins, then rendezvous hashing of the prompt's first distinctive
   blocks decides. So a prefix nobody has seen goes to the same engine from every replica
@@ -54,9 +55,9 @@ class PrefixAffinity:
 
     def __init__(
         self,
-        load_factor: float = 1.5,
+        load_factor: float = 2.0,
         cache_weight: float = 1.0,
-        queue_weight: float = 1.0,
+        queue_weight: float = 0.15,
         decode_cost_tokens: float = 128.0,
         kv_cost_tokens: float = 4096.0,
         tolerance: float = 0.1,

@@ -1,7 +1,8 @@
 """The gateway-side wait queue of one pool.
 
 Rules:
-- Ordered by class rank (interactive before batch), then by start deadline, then arrival.
+- Ordered by class rank (interactive before batch), then by start deadline, then arrival
+  (a preempted request queued again keeps its place).
 - Each entry has a start deadline: past it, the request is refused rather than started
   late (an interactive request that cannot start in time for its TTFT budget is answered
   at once, never left to time out).
@@ -23,6 +24,7 @@ from gateway.core.request import RouteRequest
 class Entry:
     rank: int
     deadline: float
+    arrival: float
     seq: int
     request: RouteRequest = field(compare=False)
     enqueued: float = field(compare=False, default=0.0)
@@ -43,7 +45,7 @@ class WaitQueue:
         return len(self._live[cls])
 
     def push(self, req: RouteRequest, deadline: float, now: float) -> Entry:
-        entry = Entry(CLASS_RANK[req.cls], deadline, next(self._seq), req, now)
+        entry = Entry(CLASS_RANK[req.cls], deadline, req.arrival, next(self._seq), req, now)
         heapq.heappush(self._heap, entry)
         self._live[req.cls][req.id] = entry
         return entry

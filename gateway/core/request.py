@@ -19,3 +19,6 @@ class RouteRequest:
     block_tokens: int = 16
     session: str | None = None
     budget: Budget = field(default_factory=Budget)
+    restartable: bool = False
+    """Nothing of the answer reaches the client before it is complete (not streamed), so the
+    request may be stopped and started again elsewhere."""

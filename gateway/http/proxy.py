@@ -8,6 +8,7 @@ unchanged, timestamping streamed chunks for TTFT and inter-token latency.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import orjson
 
 from gateway import log
 from gateway.core.classes import ClassificationError, classify
-from gateway.core.dispatcher import Dispatch, Queued, Rejection
+from gateway.core.dispatcher import Dispatch, Outcome, Queued, Rejection
 from gateway.core.prefix import chain_seed, estimate_tokens, hash_blocks, prompt_text
 from gateway.core.request import RouteRequest
 from gateway.errors import ApiError, error_body
@@ -79,14 +80,26 @@ class _RequestHeaders:
 class _Call:
     """One client request's relay state, shared with its disconnect watcher."""
 
-    __slots__ = ("done", "gone", "response", "streaming", "task")
+    __slots__ = ("done", "gone", "preempted", "response", "streaming", "task")
 
     def __init__(self) -> None:
         self.done = False
         self.streaming = False
         self.gone = False
+        self.preempted = False
         self.response: Response | None = None
         self.task = asyncio.current_task()
+
+    def preempt(self) -> bool:
+        """Stop this attempt to restart it later; False once any byte went to the client."""
+        if self.done or self.streaming or self.gone:
+            return False
+        self.preempted = True
+        if self.response is not None:
+            self.response.close()
+        if self.task is not None:
+            self.task.cancel()
+        return True
 
 
 class Proxy:
@@ -96,6 +109,8 @@ class Proxy:
         self._requests: dict[tuple[str, str, int], Any] = {}
         self._ttft: dict[tuple[str, str], Any] = {}
         self._itl: dict[tuple[str, str], Any] = {}
+        # Internal ids: the caller's x-request-id is echoed, but need not be unique.
+        self._ids = (f"r{n}" for n in itertools.count())
 
     # -- metric children, cached: label lookups are the costly part of prometheus_client
 
@@ -137,7 +152,15 @@ class Proxy:
             except ClassificationError as exc:
                 raise ApiError(exc.status, exc.message, exc.code, exc.param) from None
             model = self._model(parsed)
-            req = RouteRequest(request_id, cls, model, started, budget=budget, session=headers.session)
+            req = RouteRequest(
+                next(self._ids),
+                cls,
+                model,
+                started,
+                budget=budget,
+                session=headers.session,
+                restartable=parsed.get("stream") is not True,
+            )
             max_tokens = parsed.get("max_tokens") or parsed.get("max_completion_tokens")
             if isinstance(max_tokens, int):
                 req.max_tokens = max_tokens
@@ -151,7 +174,10 @@ class Proxy:
                 send = self.gw.limiter.meter(principal, req, send)
             dispatch = await self._admit(req)
             pool = dispatch.pool
-            await self._relay(scope, receive, send, endpoint, dispatch, body, parsed, request_id, started)
+            while await self._relay(scope, receive, send, endpoint, dispatch, body, parsed, request_id, started):
+                # Preempted to make room for interactive work: queued again, start over when our turn comes.
+                dispatch = self._admitted(req, await self.gw.wait_turn(req))
+                pool = dispatch.pool
         except ApiError as exc:
             self._count(cls, pool, exc.status)
             await self._send_error(send, exc, cls, pool, request_id)
@@ -222,11 +248,18 @@ class Proxy:
     async def _admit(self, req: RouteRequest) -> Dispatch:
         metrics = self.gw.metrics
         outcome = self.gw.dispatcher.submit(req, time.monotonic())
+        self.gw.settle(self.gw.dispatcher.take_notices())
         if isinstance(outcome, Queued):
             metrics.admission.labels(req.cls, "queued").inc()
             waited_from = time.monotonic()
             outcome = await self.gw.wait_turn(req)
             metrics.queue_wait.labels(req.cls).observe(time.monotonic() - waited_from)
+        return self._admitted(req, outcome)
+
+    def _admitted(self, req: RouteRequest, outcome: Outcome) -> Dispatch:
+        metrics = self.gw.metrics
+        if not isinstance(outcome, Dispatch | Rejection):
+            raise ApiError(503, "the request could not be scheduled", "not_scheduled", retry_after_s=1.0)
         if isinstance(outcome, Rejection):
             metrics.admission.labels(req.cls, outcome.code).inc()
             raise ApiError(outcome.status, outcome.message, outcome.code, retry_after_s=outcome.retry_after_s)
@@ -293,21 +326,21 @@ class Proxy:
         parsed: dict[str, Any],
         request_id: str,
         started: float,
-    ) -> None:
+    ) -> bool:
+        """Relay one attempt; True when it was preempted before any byte reached the client."""
         call = _Call()
+        rid = dispatch.request.id
+        self.gw.active[rid] = call.preempt
         watcher = asyncio.create_task(self._watch_disconnect(receive, call))
         cls = dispatch.request.cls
+        response: Response | None = None
+        status = 502
+        failure: ApiError | None = None
         try:
             # On failure _connect has settled the dispatch and raises ApiError for handle() to answer.
             dispatch, response = await self._connect(endpoint, dispatch, body, parsed, request_id)
-        except BaseException:
-            call.done = True
-            watcher.cancel()
-            raise
-        call.response = response
-        status = response.status
-        failure: ApiError | None = None
-        try:
+            call.response = response
+            status = response.status
             out = [(k, v) for k, v in response.headers if k in _PASS_HEADERS]
             out += [
                 (b"x-gateway-class", cls.encode()),
@@ -322,14 +355,19 @@ class Proxy:
                 await send({"type": "http.response.start", "status": status, "headers": out})
                 await send({"type": "http.response.body", "body": payload})
         except asyncio.CancelledError:
-            if not call.gone:
+            if not (call.gone or call.preempted):
                 raise
             current = asyncio.current_task()
             if current is not None:
                 current.uncancel()
+            if call.preempted:
+                log.info("request_preempted", request_id=request_id, engine=dispatch.engine.id)
+                return True
             status = CLIENT_GONE
             log.debug("client_disconnected", request_id=request_id, engine=dispatch.engine.id)
         except UpstreamError as exc:
+            if call.preempted:
+                return True
             timeout = isinstance(exc, ReadTimeout)
             status = 504 if timeout else 502
             kind = "timeout" if timeout else "midstream"
@@ -343,13 +381,17 @@ class Proxy:
                 failure = ApiError(status, f"engine failed: {exc}", "upstream_timeout" if timeout else "upstream_error")
         finally:
             call.done = True
+            self.gw.active.pop(rid, None)
             if not watcher.done():
                 watcher.cancel()
-            response.close()
+            if response is not None:
+                response.close()
+            # Idempotent: a dispatch already released (preempted, or failed in _connect) gives nothing back twice.
             self._finish(dispatch, ok=status < 500)
         if failure is not None:
             raise failure
         self._count(cls, dispatch.pool, status)
+        return False
 
     async def _stream(
         self,

@@ -121,29 +121,26 @@ def _policy_options(args: argparse.Namespace) -> dict[str, float]:
 def build_setup(args: argparse.Namespace, policy: str, classes: set[str]) -> ClusterSetup:
     budgets = {INTERACTIVE: Budget(args.ttft_ms / 1000, args.itl_ms / 1000), BATCH: Budget()}
     admission = AdmissionSettings(enabled=args.admission == "on")
+    common: dict[str, Any] = {
+        "flood": args.batch_flood,
+        "flood_until": args.minutes * 60.0 if args.minutes is not None else None,
+        "seed": args.seed,
+        "policy_options": _policy_options(args),
+    }
     profiles = _split(args.profile, (INTERACTIVE, BATCH))
     counts = _split(args.engines, (INTERACTIVE, BATCH))
     if args.shared_pool:
         total = sum(int(counts.get(c, 0)) for c in (INTERACTIVE, BATCH) if c in classes) or int(counts[INTERACTIVE])
         pools = [PoolSetup("shared", total, _profile(profiles.get(INTERACTIVE, args.profile), args))]
-        return ClusterSetup(
-            pools,
-            policy,
-            admission,
-            budgets,
-            {INTERACTIVE: "shared", BATCH: "shared"},
-            flood=args.batch_flood,
-            seed=args.seed,
-        )
+        return ClusterSetup(pools, policy, admission, budgets, {INTERACTIVE: "shared", BATCH: "shared"}, **common)
     pools = []
     for cls in (INTERACTIVE, BATCH):
-        if cls not in classes:
+        # A pool per class that has traffic, or that --engines names explicitly.
+        if cls not in classes and not ("=" in args.engines and cls in counts):
             continue
         sched = "priority" if cls == BATCH else "fcfs"
         pools.append(PoolSetup(cls, int(counts.get(cls, 8)), _profile(profiles.get(cls, args.profile), args), sched))
-    return ClusterSetup(
-        pools, policy, admission, budgets, flood=args.batch_flood, seed=args.seed, policy_options=_policy_options(args)
-    )
+    return ClusterSetup(pools, policy, admission, budgets, **common)
 
 
 def _sweep(args: argparse.Namespace) -> dict[str, Any]:

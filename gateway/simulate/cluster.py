@@ -25,7 +25,16 @@ from engines.sim.core import EngineCore, EngineRequest, StepResult
 from engines.sim.profile import Profile
 from engines.sim.tokens import block_hashes_for_trace
 from gateway.core.classes import BATCH, CLASSES, INTERACTIVE, Budget
-from gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, Outcome, PoolSpec, Queued, Rejection
+from gateway.core.dispatcher import (
+    AdmissionSettings,
+    Dispatch,
+    Dispatcher,
+    Outcome,
+    PoolSpec,
+    Preempted,
+    Queued,
+    Rejection,
+)
 from gateway.core.engines import EngineMetrics
 from gateway.core.prefix import chain_seed, hash_blocks
 from gateway.core.request import RouteRequest
@@ -55,6 +64,8 @@ class ClusterSetup:
     )
     home: dict[str, str] = field(default_factory=dict)
     flood: int = 0
+    flood_until: float | None = None
+    """Keep the flood going until this time (default: the last trace arrival)."""
     scrape_s: float = 2.0
     poll_s: float = 0.05
     seed: int = 0
@@ -74,6 +85,7 @@ class Record:
     output_tokens: int = 0
     gaps: list[float] = field(default_factory=list)
     flood: bool = False
+    preemptions: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -83,6 +95,11 @@ class SimEngine:
     core: EngineCore
     busy_s: float = 0.0
     stepping: bool = False
+
+
+def _engine_id(rec: Record) -> str:
+    """The engine-side id of a request's current attempt (a preempted request starts afresh)."""
+    return f"{rec.req.id}#{rec.preemptions}"
 
 
 class Cluster:
@@ -137,6 +154,8 @@ class Cluster:
         for i, tr in enumerate(trace):
             self._at(tr.arrival, _ARRIVAL, (f"t{i}", tr, False))
         self.end_of_arrivals = max((tr.arrival for tr in trace), default=0.0)
+        if self.setup.flood_until is not None:
+            self.end_of_arrivals = max(self.end_of_arrivals, self.setup.flood_until)
         self._flood_pool = list(flood_source or [])
         if self.setup.flood and self._flood_pool:
             for _ in range(self.setup.flood):
@@ -162,14 +181,9 @@ class Cluster:
         return {"records": self.records, "engines": self.engines, "duration_s": self.now}
 
     def _busy(self) -> bool:
-        return (
-            self._pending_arrivals > 0
-            or any(e.stepping or e.core.has_work for e in self.engines.values())
-            or self._queued()
-        )
-
-    def _queued(self) -> bool:
-        return any(len(pool.queue) for pool in self.dispatcher.pools.values())
+        # Queued requests alone do not keep the clock going: with no arrival to come and every
+        # engine idle, nothing could ever free the room they wait for.
+        return self._pending_arrivals > 0 or any(e.stepping or e.core.has_work for e in self.engines.values())
 
     # -- arrivals ----------------------------------------------------------------------
 
@@ -200,9 +214,10 @@ class Cluster:
             max_tokens=tr.output_len,
             prefix=hash_blocks(text, self._seed),
             budget=budget,
+            restartable=tr.cls == BATCH,
         )
         self.records[rid] = Record(tr, req, flood=flood)
-        self._handle([self.dispatcher.submit(req, self.now)])
+        self._handle([self.dispatcher.submit(req, self.now), *self.dispatcher.take_notices()])
 
     def _handle(self, outcomes: list[Outcome]) -> None:
         for outcome in outcomes:
@@ -212,6 +227,15 @@ class Cluster:
                 rec = self.records[outcome.request.id]
                 rec.rejected = outcome.code
                 self._closed(rec)
+            elif isinstance(outcome, Preempted):
+                rec = self.records[outcome.request.id]
+                assert rec.dispatch is outcome.dispatch, "a preemption notice arrived after a newer dispatch"
+                self.engines[outcome.dispatch.engine.id].core.abort(_engine_id(rec), self.now)
+                rec.dispatch = None
+                rec.first = rec.last = None
+                rec.gaps.clear()
+                rec.output_tokens = 0
+                rec.preemptions += 1
             elif isinstance(outcome, Queued):
                 pass
 
@@ -226,7 +250,7 @@ class Cluster:
         max_tokens = max(1, min(tr.output_len, limit - prompt))
         engine.core.add_request(
             EngineRequest(
-                rec.req.id,
+                _engine_id(rec),
                 prompt,
                 hashes[: prompt // engine.core.block_size],
                 max_tokens,
@@ -250,8 +274,9 @@ class Cluster:
         now = self.now
         finished: list[Record] = []
         for out in result.outputs:
-            rec = self.records.get(out.request_id)
-            if rec is None or rec.dispatch is None:
+            rid, _, incarnation = out.request_id.rpartition("#")
+            rec = self.records.get(rid)
+            if rec is None or rec.dispatch is None or int(incarnation) != rec.preemptions:
                 continue
             rec.output_tokens += out.new_tokens
             if out.first_token:
@@ -268,7 +293,8 @@ class Cluster:
                 finished.append(rec)
         engine.stepping = False
         for rec in finished:
-            assert rec.dispatch is not None
+            if rec.dispatch is None:
+                continue
             self._handle(self.dispatcher.finish(rec.dispatch, now))
             self._closed(rec)
         if engine.core.has_work and not engine.stepping:

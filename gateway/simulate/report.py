@@ -51,6 +51,7 @@ def _block(
         "completed": len(done),
         "rejected": sum(1 for r in records if r.rejected is not None),
         "rejected_by_code": _count(r.rejected for r in records if r.rejected is not None),
+        "preemptions": sum(r.preemptions for r in records),
         "ttft_p50_ms": _r(percentile(ttft, 50)),
         "ttft_p99_ms": _r(percentile(ttft, 99)),
         "itl_p50_ms": _r(percentile(gaps, 50)),

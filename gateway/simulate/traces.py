@@ -54,7 +54,9 @@ def parse_trace_arg(arg: str) -> tuple[Path, str]:
 
 
 def load_trace(path: Path, cls: str = INTERACTIVE, minutes: float | None = None) -> list[TraceRequest]:
-    if path.suffix == ".jsonl":
+    if str(path).startswith("poisson:"):
+        reqs = poisson(str(path), cls, minutes)
+    elif path.suffix == ".jsonl":
         reqs = list(_mooncake(path, cls))
     elif path.suffix == ".csv":
         reqs = list(_azure(path, cls))
@@ -96,6 +98,33 @@ def _azure(path: Path, cls: str) -> Iterator[TraceRequest]:
             yield TraceRequest(
                 (stamp - start).total_seconds(), input_len, max(1, int(row["GeneratedTokens"])), ids, cls, path.stem
             )
+
+
+def poisson(spec: str, cls: str = INTERACTIVE, minutes: float | None = None) -> list[TraceRequest]:
+    """``poisson:rate=R,input=L,output=O[,minutes=M][,spread=S][,seed=N]``: Poisson arrivals at
+    R requests/s with prompt and output lengths uniform within ±spread (default 25 %) of L and O,
+    every prompt distinct."""
+    fields = dict(part.split("=", 1) for part in spec.removeprefix("poisson:").split(",") if part)
+    try:
+        rate = float(fields["rate"])
+        input_len, output_len = int(fields["input"]), int(fields["output"])
+    except (KeyError, ValueError):
+        raise ValueError(f"{spec}: expected poisson:rate=R,input=L,output=O[,minutes=M]") from None
+    span = 60.0 * float(fields.get("minutes", minutes or 10.0))
+    if minutes is not None:
+        span = min(span, 60.0 * minutes)
+    spread = float(fields.get("spread", 0.25))
+    rng = random.Random(f"poisson/{spec}/{cls}")
+    out, t, next_id = [], 0.0, (1 << 44) + CLASS_RANK[cls] * (1 << 40)
+    while True:
+        t += rng.expovariate(rate)
+        if t >= span:
+            return out
+        n = max(1, round(input_len * rng.uniform(1 - spread, 1 + spread)))
+        o = max(1, round(output_len * rng.uniform(1 - spread, 1 + spread)))
+        blocks = -(-n // TRACE_BLOCK_TOKENS)
+        out.append(TraceRequest(t, n, o, tuple(range(next_id, next_id + blocks)), cls, "poisson"))
+        next_id += blocks
 
 
 def merge(traces: list[list[TraceRequest]], rate_scale: float = 1.0) -> list[TraceRequest]:

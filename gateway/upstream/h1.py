@@ -310,15 +310,23 @@ class EngineClient:
             try:
                 await conn.wait_headers()
             except UpstreamError:
+                conn.abort()
                 if conn.got_bytes or isinstance(conn.error, ReadTimeout):
                     raise
                 # The engine closed this idle connection as we reused it; nothing was processed.
-                conn.abort()
                 continue
+            except BaseException:
+                # Cancelled (client gone, preempted): closing the connection tells the engine to stop.
+                conn.abort()
+                raise
             return Response(self, conn)
         conn = await self._connect()
         conn.send(data)
-        await conn.wait_headers()
+        try:
+            await conn.wait_headers()
+        except BaseException:
+            conn.abort()
+            raise
         return Response(self, conn)
 
     async def get(self, path: bytes, timeout_s: float | None = None) -> tuple[int, bytes]:
