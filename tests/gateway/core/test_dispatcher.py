@@ -1,0 +1,166 @@
+"""Admission and placement in the core: queues, budgets, backfill, preemption, overflow."""
+
+from gateway.core.classes import BATCH, INTERACTIVE, Budget
+from gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, PoolSpec, Preempted, Queued, Rejection
+from gateway.core.limiter import LimitSettings
+from gateway.core.request import RouteRequest
+
+SLO = Budget(ttft_s=0.5, itl_s=0.05)
+
+
+def make(interactive=2, batch=1, limit=2.0, overflow=False, reserve=0.0, max_queue=100):
+    settings = AdmissionSettings(
+        enabled=True,
+        limits=LimitSettings(initial=limit, unbudgeted=limit),
+        max_queue=max_queue,
+        backfill_reserve=reserve,
+    )
+    pools = [
+        PoolSpec("interactive", [f"i{n}" for n in range(interactive)], policy="least_loaded"),
+        PoolSpec(
+            "batch",
+            [f"b{n}" for n in range(batch)],
+            policy="least_loaded",
+            takes_priority=True,
+            accept_overflow=overflow,
+        ),
+    ]
+    return Dispatcher(pools, budgets={INTERACTIVE: 0.05, BATCH: None}, admission=settings)
+
+
+counter = iter(range(10**6))
+
+
+def req(cls=INTERACTIVE, now=0.0, budget=None, restartable=True):
+    if budget is None:
+        budget = SLO if cls == INTERACTIVE else Budget()
+    return RouteRequest(f"r{next(counter)}", cls, "m", now, prompt_tokens=100, budget=budget, restartable=restartable)
+
+
+def test_requests_wait_for_room_and_interactive_goes_first():
+    d = make(interactive=1, batch=0 + 1, limit=1)
+    first = d.submit(req(), 0.0)
+    assert isinstance(first, Dispatch)
+    b = d.submit(req(BATCH), 0.0)
+    assert isinstance(b, Dispatch) and b.pool == "batch"
+    waiting_batch = d.submit(req(BATCH), 0.0)
+    waiting_interactive = d.submit(req(), 0.01)
+    assert isinstance(waiting_batch, Queued) and isinstance(waiting_interactive, Queued)
+    assert d.queue_depths()[("interactive", INTERACTIVE)] == 1
+    started = d.finish(first, 0.1)
+    assert [o.request for o in started if isinstance(o, Dispatch)] == [waiting_interactive.request]
+
+
+def test_interactive_that_cannot_start_in_time_is_refused_with_retry_after():
+    d = make(interactive=1, limit=1)
+    busy = d.submit(req(), 0.0)
+    assert isinstance(busy, Dispatch)
+    queued = d.submit(req(now=0.0), 0.0)
+    assert isinstance(queued, Queued)
+    out = d.poll(0.6)  # past the 500 ms TTFT budget: refused, not left to time out
+    refusals = [o for o in out if isinstance(o, Rejection)]
+    assert len(refusals) == 1
+    assert refusals[0].status == 429 and refusals[0].code == "slo_budget_exceeded"
+    assert refusals[0].retry_after_s >= 1
+
+
+def test_refused_at_once_when_the_expected_wait_exceeds_the_budget():
+    d = make(interactive=1, limit=1)
+    running = d.submit(req(), 0.0)
+    d.finish(running, 10.0)  # the pool learns that a request holds a slot for 10 s
+    d.submit(req(now=10.0), 10.0)
+    out = d.submit(req(now=10.0), 10.0)
+    assert isinstance(out, Rejection) and out.code == "slo_budget_exceeded"
+
+
+def test_tighter_ttft_header_budget_shortens_the_wait():
+    d = make(interactive=1, limit=1)
+    d.submit(req(), 0.0)
+    tight = d.submit(req(budget=Budget(0.1, 0.05)), 0.0)
+    loose = d.submit(req(), 0.0)
+    assert isinstance(tight, Queued) and isinstance(loose, Queued)
+    refused = [o.request for o in d.poll(0.2) if isinstance(o, Rejection)]
+    assert refused == [tight.request]
+
+
+def test_interactive_lull_lets_batch_backfill_and_interactive_reclaims_it():
+    d = make(interactive=2, batch=1, limit=2)
+    in_batch_pool = [d.submit(req(BATCH), 0.0) for _ in range(2)]
+    assert all(isinstance(o, Dispatch) and o.pool == "batch" for o in in_batch_pool)
+    backfilled = [d.submit(req(BATCH), 0.0) for _ in range(4)]
+    assert all(isinstance(o, Dispatch) and o.reason == "backfill" for o in backfilled)
+    assert isinstance(d.submit(req(BATCH), 0.0), Queued)
+    # Interactive arrives to a pool full of batch work: a restartable batch request is stopped for it.
+    arrival = d.submit(req(), 1.0)
+    notices = d.take_notices()
+    assert isinstance(arrival, Dispatch) and arrival.pool == "interactive"
+    assert len(notices) == 1 and isinstance(notices[0], Preempted)
+    assert notices[0].dispatch in backfilled
+    assert d.queue_depths()[("batch", BATCH)] == 2  # the preempted one waits again
+
+
+def test_streamed_batch_work_is_never_preempted():
+    d = make(interactive=1, batch=1, limit=1)
+    d.submit(req(BATCH, restartable=False), 0.0)
+    streamed = d.submit(req(BATCH, restartable=False), 0.0)
+    assert isinstance(streamed, Dispatch) and streamed.reason == "backfill"
+    out = d.submit(req(now=1.0), 1.0)
+    assert isinstance(out, Queued)
+    assert d.take_notices() == []
+
+
+def test_backfill_keeps_a_reserve_and_stops_while_interactive_waits():
+    d = make(interactive=1, batch=1, limit=4, reserve=0.5)
+    d.submit(req(BATCH), 0.0)  # fills nothing yet: batch pool limit 4
+    for _ in range(3):
+        d.submit(req(BATCH), 0.0)
+    backfilled = [d.submit(req(BATCH), 0.0) for _ in range(3)]
+    assert [isinstance(o, Dispatch) for o in backfilled] == [True, True, False]
+
+
+def test_a_batch_flood_cannot_starve_interactive():
+    d = make(interactive=2, batch=2, limit=2, max_queue=50)
+    for _ in range(200):
+        d.submit(req(BATCH), 0.0)
+    served = 0
+    for n in range(20):
+        out = d.submit(req(now=float(n)), float(n))
+        assert all(isinstance(o, Preempted) for o in d.take_notices())
+        if isinstance(out, Dispatch):
+            served += 1
+            d.finish(out, float(n) + 0.5)
+    assert served == 20
+
+
+def test_full_queue_sheds_the_newest_batch_for_interactive():
+    # One shared pool for both classes, as in a single-pool deployment.
+    settings = AdmissionSettings(enabled=True, limits=LimitSettings(initial=1), max_queue=2)
+    d = Dispatcher([PoolSpec("shared", ["e0"], policy="least_loaded")], budgets={INTERACTIVE: 0.05}, admission=settings)
+    d.submit(req(), 0.0)
+    q1 = d.submit(req(BATCH), 0.0)
+    q2 = d.submit(req(BATCH), 0.0)
+    assert isinstance(q1, Queued) and isinstance(q2, Queued)
+    extra_batch = d.submit(req(BATCH), 0.0)
+    assert isinstance(extra_batch, Rejection) and extra_batch.status == 429
+    interactive = d.submit(req(), 0.0)
+    assert isinstance(interactive, Queued)
+    shed = d.take_notices()
+    assert [o.request for o in shed] == [q2.request]
+    assert isinstance(shed[0], Rejection) and shed[0].code == "shed"
+
+
+def test_interactive_overflows_into_a_priority_pool_that_accepts_it():
+    d = make(interactive=1, batch=1, limit=1, overflow=True)
+    d.submit(req(), 0.0)
+    out = d.submit(req(), 0.0)
+    assert isinstance(out, Dispatch)
+    assert out.pool == "batch" and out.reason == "overflow"
+    assert out.priority == 0
+
+
+def test_finish_twice_gives_back_once():
+    d = make(interactive=1, limit=2)
+    out = d.submit(req(), 0.0)
+    d.finish(out, 1.0)
+    d.finish(out, 1.0)
+    assert d.engine("i0").inflight == 0

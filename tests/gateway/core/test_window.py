@@ -1,0 +1,30 @@
+import random
+
+from gateway.core.window import EDGES, LatencyWindow
+
+
+def test_quantile_is_close_to_the_exact_one():
+    rng = random.Random(1)
+    window = LatencyWindow(window_s=100.0)
+    values = [rng.expovariate(1 / 0.03) for _ in range(5000)]
+    for i, v in enumerate(values):
+        window.observe(v, i * 0.01)
+    exact = sorted(values)[int(0.99 * len(values)) - 1]
+    estimate = window.quantile(0.99, 50.0)
+    assert estimate is not None
+    assert exact <= estimate <= exact * 1.05
+
+
+def test_old_slices_fall_out_of_the_window():
+    window = LatencyWindow(window_s=10.0, slices=10)
+    for i in range(100):
+        window.observe(1.0, i * 0.05)  # the first 5 s: slow
+    for i in range(100):
+        window.observe(0.01, 20.0 + i * 0.05)  # 15 s later: fast
+    assert window.quantile(0.99, 25.0) < 0.02
+    assert window.count == 100
+    assert window.quantile(0.5, 100.0) is None
+
+
+def test_edges_cover_the_useful_range():
+    assert EDGES[0] <= 1e-4 and EDGES[-1] >= 600

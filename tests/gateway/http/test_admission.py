@@ -1,0 +1,93 @@
+"""SLO admission over real HTTP: refusals with Retry-After, budgets, batch preempted for interactive."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+
+import httpx
+import pytest
+
+from tests.gateway.http.test_proxy import metric
+from tests.support.procs import start_engine, start_gateway
+
+MODEL = "sim-model"
+
+
+@pytest.fixture(scope="module")
+def tight(procs, tmp_path_factory):
+    """One interactive and one batch engine, each allowed a single request at a time."""
+    tmp = tmp_path_factory.mktemp("admission")
+    interactive = start_engine(tmp, "--token-delay-ms", "20")
+    batch = start_engine(tmp, "--token-delay-ms", "20", "--scheduling-policy", "priority")
+    procs.extend([interactive, batch])
+    interactive.wait_ready()
+    batch.wait_ready()
+    config = {
+        "pools": {
+            "interactive": {"engines": [interactive.url], "policy": "least_loaded"},
+            "batch": {"engines": [batch.url], "scheduling_policy": "priority", "policy": "least_loaded"},
+        },
+        "admission": {"initial_limit": 1, "max_limit": 1, "unbudgeted_limit": 1, "backfill_reserve": 0},
+        "health": {"interval_s": 0.5},
+    }
+    gateway = start_gateway(tmp, config)
+    procs.append(gateway)
+    gateway.wait_ready("/ready")
+    return {"gateway": gateway, "interactive": interactive, "batch": batch}
+
+
+def chat(url: str, max_tokens: int, priority: str = "interactive", headers: dict | None = None) -> httpx.Response:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "go"}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+    }
+    return httpx.post(
+        url + "/v1/chat/completions", json=body, timeout=60, headers={"x-priority": priority, **(headers or {})}
+    )
+
+
+def test_over_budget_interactive_gets_429_with_retry_after(tight):
+    url = tight["gateway"].url
+    with cf.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: chat(url, 60), range(4)))
+    statuses = sorted(r.status_code for r in answers)
+    assert statuses[0] == 200
+    refused = [r for r in answers if r.status_code == 429]
+    assert refused, statuses
+    for r in refused:
+        assert int(r.headers["retry-after"]) >= 1
+        error = r.json()["error"]
+        assert error["code"] == "slo_budget_exceeded"
+        assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_headers_cannot_loosen_the_budget(tight):
+    url = tight["gateway"].url
+    loose = {"x-slo-ttft-ms": "600000", "x-slo-tpot-ms": "100000"}
+    with cf.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: chat(url, 60, headers=loose), range(4)))
+    assert any(r.status_code == 429 for r in answers)
+
+
+def test_backfilled_batch_is_preempted_for_interactive_and_still_completes(tight):
+    url = tight["gateway"].url
+    aborted_before = metric(tight["interactive"].url, "vllm:request_success_total", finished_reason="abort")
+    with cf.ThreadPoolExecutor(3) as pool:
+        first = pool.submit(chat, url, 100, "batch")  # the batch engine
+
+        time.sleep(0.3)
+        second = pool.submit(chat, url, 100, "batch")  # backfilled onto the idle interactive engine
+        time.sleep(0.5)
+        assert metric(tight["interactive"].url, "vllm:num_requests_running") == 1
+        interactive = pool.submit(chat, url, 10, "interactive")
+        answers = [first.result(), second.result(), interactive.result()]
+    assert [r.status_code for r in answers] == [200, 200, 200]
+    assert answers[2].headers["x-gateway-pool"] == "interactive"
+    assert answers[1].json()["usage"]["completion_tokens"] == 100
+    aborted = metric(tight["interactive"].url, "vllm:request_success_total", finished_reason="abort")
+    assert aborted == aborted_before + 1
+    text = httpx.get(url + "/metrics").text
+    assert 'gateway_routing_decisions_total{engine="' in text and 'reason="preempted_backfill"' in text
