@@ -125,6 +125,28 @@ class _StateCollector(Collector):
         depth = GaugeMetricFamily("gateway_queue_depth", "Requests waiting in the gateway.", labels=("pool", "class"))
         for (pool, cls), n in self.state.queue_depths().items():
             depth.add_metric((pool, cls), n)
+        kv = GaugeMetricFamily(
+            "gateway_engine_kv_cache_usage",
+            "The engine's own vllm:kv_cache_usage_perc at the last scrape (0-1).",
+            labels=("pool", "engine"),
+        )
+        requests = GaugeMetricFamily(
+            "gateway_engine_requests",
+            "The engine's own running and waiting request counts at the last scrape (all gateway replicas).",
+            labels=("pool", "engine", "state"),
+        )
+        pending = GaugeMetricFamily(
+            "gateway_engine_pending_prefill_tokens",
+            "Uncached prompt tokens this replica sent to the engine that have not reached their first token.",
+            labels=("pool", "engine"),
+        )
+        for engine in self.state.engines():
+            labels = (engine.pool, engine.id)
+            if engine.scraped_at is not None:
+                kv.add_metric(labels, engine.kv_usage)
+                requests.add_metric((*labels, "running"), engine.running)
+                requests.add_metric((*labels, "waiting"), engine.waiting)
+            pending.add_metric(labels, engine.pending_prefill)
         ratio = GaugeMetricFamily(
             "gateway_prefix_hit_ratio_estimate",
             "Predicted share of prompt tokens served from engines' prefix caches.",
@@ -132,4 +154,4 @@ class _StateCollector(Collector):
         )
         for pool, value in self.state.prefix_hit_estimates().items():
             ratio.add_metric((pool,), value)
-        yield from (inflight, healthy, limit, depth, ratio)
+        yield from (inflight, healthy, limit, depth, ratio, kv, requests, pending)

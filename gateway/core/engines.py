@@ -37,6 +37,8 @@ class EngineState:
     inflight_at_scrape: int = 0
     external_load: float = 0.0
     kv_usage: float = 0.0
+    running: float = 0.0
+    waiting: float = 0.0
     block_size: int = 16
     num_blocks: int = 0
     prefix_queries: float = 0.0
@@ -53,6 +55,8 @@ class EngineState:
     def apply_scrape(self, m: EngineMetrics, now: float) -> None:
         self.external_load = max(0.0, m.running + m.waiting - self.inflight_at_scrape)
         self.kv_usage = m.kv_usage
+        self.running = m.running
+        self.waiting = m.waiting
         self.prefix_queries = m.prefix_queries
         self.prefix_hits = m.prefix_hits
         if m.block_size:

@@ -20,6 +20,7 @@ _WANTED = {
 }
 _PREFIXES = (*_WANTED, "vllm:cache_config_info")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_LABEL_MODEL = re.compile(r'model_name="((?:[^"\\]|\\.)*)"')
 
 
 def parse_vllm_metrics(text: str) -> EngineMetrics:
@@ -37,8 +38,11 @@ def parse_vllm_metrics(text: str) -> EngineMetrics:
             labels = dict(_LABEL.findall(line[name_end:space]))
             metrics.block_size = _int(labels.get("block_size"))
             metrics.num_blocks = _int(labels.get("num_gpu_blocks"))
-            metrics.model = labels.get("model_name")
             continue
+        if metrics.model is None and name_end >= 0:
+            model = _LABEL_MODEL.search(line, name_end, space)
+            if model is not None:
+                metrics.model = model.group(1)
         field = _WANTED.get(name)
         if field is None:
             continue

@@ -142,6 +142,14 @@ def test_models_health_ready_metrics(stack):
         assert name in text
 
 
+def test_engine_state_read_from_vllm_metrics_is_exported(stack):
+    url = stack["gateway"].url
+    assert wait_for(lambda: "gateway_engine_kv_cache_usage{" in httpx.get(url + "/metrics").text, timeout=5)
+    text = httpx.get(url + "/metrics").text
+    assert 'gateway_engine_requests{engine="' in text and 'state="waiting"' in text
+    assert "gateway_engine_pending_prefill_tokens" in text
+
+
 def test_ttft_and_itl_are_observed_for_streams(stack, client):
     url = stack["gateway"].url
     before = metric(url, "gateway_itl_seconds_count", **{"class": "interactive", "pool": "interactive"})
