@@ -547,8 +547,8 @@ def code_version() -> str:
 
 
 POOL_SETUPS = (
-    ("separate", "interactive and batch pools, admission on", []),
-    ("separate-admission-off", "interactive and batch pools, admission off", ["--admission", "off"]),
+    ("separate", "own pools, admission on", []),
+    ("separate-admission-off", "own pools, admission off", ["--admission", "off"]),
     ("shared", "one shared FCFS pool, admission off", ["--shared-pool", "--admission", "off"]),
 )
 
@@ -579,10 +579,10 @@ def pools(runner: Runner) -> dict[str, str]:
         ax.bar([x + width / 2 for x in xs], [b[f"{key}_p99_ms"] or 0 for b in inter], width, label="p99")
         ax.axhline(limit, color="red", linestyle="--", label=f"budget {limit:g} ms")
         ax.set_title(title)
-    axes[2].bar(xs, [100 * b["slo_attainment"] for b in inter], 0.5, color="tab:green", label="meet both budgets")
-    axes[2].bar(
-        xs, [100 * b["rejected"] / max(1, b["requests"]) for b in inter], 0.25, color="tab:red", label="rejected (429)"
-    )
+    met = [100 * b["slo_attainment"] for b in inter]
+    rejected = [100 * b["rejected"] / max(1, b["requests"]) for b in inter]
+    axes[2].bar([x - width / 2 for x in xs], met, width, color="tab:green", label="meet both budgets")
+    axes[2].bar([x + width / 2 for x in xs], rejected, width, color="tab:red", label="rejected (429)")
     axes[2].set_ylim(0, 105)
     axes[2].set_title("interactive requests (%)")
     axes[3].bar([x - width / 2 for x in xs], [b["output_tokens_per_s"] for b in inter], width, label="interactive")
