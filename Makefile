@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint test-vllm vllm-setup bench-relay engine-sweep clean
+.PHONY: run test lint test-vllm vllm-setup bench-relay bench-routing bench-admission engine-sweep report clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ test-vllm: $(STAMP) vllm-setup
 
 engine-sweep: $(STAMP)
 	$(BIN)/python benchmarks/engine_sweep.py
+
+report: $(STAMP)
+	$(BIN)/python benchmarks/article_report.py
+
+bench-routing: $(STAMP)
+	$(BIN)/python benchmarks/routing.py
 
 bench-relay: $(STAMP)
 	$(BIN)/python benchmarks/relay_overhead.py

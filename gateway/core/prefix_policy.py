@@ -57,8 +57,8 @@ class PrefixAffinity:
         self,
         load_factor: float = 2.0,
         cache_weight: float = 1.0,
-        queue_weight: float = 0.15,
-        decode_cost_tokens: float = 128.0,
+        queue_weight: float = 0.1,
+        decode_cost_tokens: float = 512.0,
         kv_cost_tokens: float = 4096.0,
         tolerance: float = 0.1,
         tolerance_tokens: float = 512.0,
@@ -78,11 +78,14 @@ class PrefixAffinity:
         self.rendezvous_blocks = rendezvous_blocks
         self.default_capacity_tokens = default_capacity_tokens
         self.index = AffinityIndex(default_capacity_tokens)
+        self._bound = 1
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self.max_sessions = max_sessions
         self._honesty: dict[str, _Honesty] = {}
         self.predicted_tokens = 0.0
         self.prompt_tokens = 0.0
+        # The highest (load after the choice) / (bound) seen: never above 1 by construction.
+        self.max_bound_ratio = 0.0
 
     # -- choice --------------------------------------------------------------------
 
@@ -91,6 +94,7 @@ class PrefixAffinity:
         for engine in candidates:
             total += engine.load
         bound = math.ceil(self.load_factor * (total + 1) / len(candidates) - 1e-9)
+        self._bound = bound
         return [e for e in candidates if e.load + 1 <= bound + 1e-9]
 
     def choose(self, req: RouteRequest, candidates: Sequence[EngineState], now: float) -> Choice | None:
@@ -128,6 +132,7 @@ class PrefixAffinity:
             rank = (cached[i], rendezvous_weight(key, engine.id))
             if best is None or rank > best:
                 best, chosen = rank, i
+        self.max_bound_ratio = max(self.max_bound_ratio, (eligible[chosen].load + 1) / self._bound)
         if cached[chosen] > floor:
             reason = "affinity"
         elif near > 1:

@@ -178,7 +178,12 @@ class Cluster:
                 self._scrape()
                 if self._busy():
                     self._at(t + self.setup.scrape_s, _SCRAPE, None)
-        return {"records": self.records, "engines": self.engines, "duration_s": self.now}
+        return {
+            "records": self.records,
+            "engines": self.engines,
+            "duration_s": self.now,
+            "policies": {name: pool.policy for name, pool in self.dispatcher.pools.items()},
+        }
 
     def _busy(self) -> bool:
         # Queued requests alone do not keep the clock going: with no arrival to come and every

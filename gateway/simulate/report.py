@@ -113,5 +113,9 @@ def summarize(setup: ClusterSetup, result: dict[str, Any], oracle: bool = True) 
         }
         for p in setup.pools
     }
+    for name, spec in result.get("policies", {}).items():
+        ratio = getattr(spec, "max_bound_ratio", None)
+        if ratio is not None:
+            summary["by_pool"][name]["max_load_over_bound"] = round(ratio, 4)
     summary["duration_s"] = round(duration, 2)
     return summary

@@ -56,6 +56,8 @@ def parse_trace_arg(arg: str) -> tuple[Path, str]:
 def load_trace(path: Path, cls: str = INTERACTIVE, minutes: float | None = None) -> list[TraceRequest]:
     if str(path).startswith("poisson:"):
         reqs = poisson(str(path), cls, minutes)
+    elif str(path).startswith("hot:"):
+        reqs = hot_prompts(str(path), cls, minutes)
     elif path.suffix == ".jsonl":
         reqs = list(_mooncake(path, cls))
     elif path.suffix == ".csv":
@@ -125,6 +127,38 @@ def poisson(spec: str, cls: str = INTERACTIVE, minutes: float | None = None) -> 
         blocks = -(-n // TRACE_BLOCK_TOKENS)
         out.append(TraceRequest(t, n, o, tuple(range(next_id, next_id + blocks)), cls, "poisson"))
         next_id += blocks
+
+
+def hot_prompts(spec: str, cls: str = INTERACTIVE, minutes: float | None = None) -> list[TraceRequest]:
+    """``hot:rate=R,prompts=P,prompt_len=L,user_len=U,output=O[,zipf=S][,minutes=M]``: many users
+    sharing a few hot system prompts (the case where naive affinity piles up): each request is
+    one of ``P`` system prompts of ``L`` tokens, chosen with Zipf(``S``) popularity, followed by
+    a user message of its own of about ``U`` tokens; Poisson arrivals at ``R`` per second."""
+    fields = dict(part.split("=", 1) for part in spec.removeprefix("hot:").split(",") if part)
+    try:
+        rate, prompts = float(fields["rate"]), int(fields["prompts"])
+        prompt_len, user_len, output_len = int(fields["prompt_len"]), int(fields["user_len"]), int(fields["output"])
+    except (KeyError, ValueError):
+        raise ValueError(f"{spec}: expected hot:rate=R,prompts=P,prompt_len=L,user_len=U,output=O") from None
+    skew = float(fields.get("zipf", 1.2))
+    span = 60.0 * float(fields.get("minutes", minutes or 10.0))
+    if minutes is not None:
+        span = min(span, 60.0 * minutes)
+    rng = random.Random(f"hot/{spec}/{cls}")
+    weights = [1.0 / (k + 1) ** skew for k in range(prompts)]
+    shared = prompt_len // TRACE_BLOCK_TOKENS
+    out, t, next_id = [], 0.0, (1 << 46) + CLASS_RANK[cls] * (1 << 42)
+    while True:
+        t += rng.expovariate(rate)
+        if t >= span:
+            return out
+        which = rng.choices(range(prompts), weights)[0]
+        user = max(1, round(user_len * rng.uniform(0.5, 1.5)))
+        total = prompt_len + user
+        own = -(-total // TRACE_BLOCK_TOKENS) - shared
+        ids = tuple((1 << 45) + which * 4096 + j for j in range(shared)) + tuple(range(next_id, next_id + own))
+        next_id += own
+        out.append(TraceRequest(t, total, output_len, ids, cls, "hot"))
 
 
 def merge(traces: list[list[TraceRequest]], rate_scale: float = 1.0) -> list[TraceRequest]:
