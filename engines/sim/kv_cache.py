@@ -17,6 +17,7 @@ Rules:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -61,7 +62,9 @@ class KVCache:
         self._ref = [0] * num_blocks
         self._hash: list[int | None] = [None] * num_blocks
         # dict keeps insertion order: the first key is the next block to hand out.
-        self._free: dict[int, None] = dict.fromkeys(range(num_blocks))
+        # An OrderedDict, not a dict: taking from the front of a plain dict leaves holes that
+        # every later ``next(iter(...))`` walks over, which made allocation O(free blocks).
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[int, int] = {}
 
     @property
@@ -112,8 +115,7 @@ class KVCache:
         free = self._free
         out = []
         for _ in range(count):
-            block = next(iter(free))
-            del free[block]
+            block, _ = free.popitem(last=False)
             self._evict(block)
             self._ref[block] = 1
             out.append(block)

@@ -34,6 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-scale", type=float, default=1.0, help="replay the trace X times faster")
     p.add_argument("--minutes", type=float, default=None, help="replay only the first M minutes")
     p.add_argument("--batch-flood", type=int, default=0, help="keep N batch requests outstanding")
+    p.add_argument(
+        "--flood-lengths",
+        default=None,
+        metavar="INPUT,OUTPUT",
+        help="flood request lengths in tokens (each ±25 %%); default: drawn from the traces",
+    )
     p.add_argument("--admission", choices=("on", "off"), default="on", help="SLO admission control")
     p.add_argument("--shared-pool", action="store_true", help="one FCFS pool for both classes (the naive baseline)")
     p.add_argument("--ttft-ms", type=float, default=500.0, help="interactive TTFT p99 budget")
@@ -77,7 +83,7 @@ def _progress(message: str) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.concurrency:
         return _sweep(args)
-    if not args.trace:
+    if not args.trace and not (args.batch_flood and args.flood_lengths):
         raise SystemExit("gateway sim: give --trace FILE[@class] (or --concurrency for a single-engine sweep)")
     traces = []
     for arg in args.trace:
@@ -85,7 +91,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         traces.append(load_trace(path, cls, args.minutes))
     trace = merge(traces, args.rate_scale)
     classes = {r.cls for r in trace} | ({BATCH} if args.batch_flood else set())
-    flood_source = [r for t in traces for r in t]
+    flood_source = _flood_source(args, [r for t in traces for r in t])
     results: dict[str, Any] = {}
     for policy in [p.strip() for p in args.policy.split(",") if p.strip()]:
         if policy not in POLICIES:
@@ -102,6 +108,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"ttft p99 {summary['ttft_p99_ms']} ms, hit ratio {summary['prefix_hit_ratio']}"
         )
     return results
+
+
+def _flood_source(args: argparse.Namespace, traces: list[TraceRequest]) -> list[TraceRequest]:
+    if not args.flood_lengths:
+        if args.batch_flood and not traces:
+            raise SystemExit("gateway sim: --batch-flood needs --flood-lengths when the traces are empty")
+        return traces
+    try:
+        input_len, output_len = (int(x) for x in args.flood_lengths.split(","))
+    except ValueError:
+        raise SystemExit(f"gateway sim: --flood-lengths takes INPUT,OUTPUT, got {args.flood_lengths!r}") from None
+    spec = f"poisson:rate=1,input={input_len},output={output_len},minutes=10,seed=flood"
+    return load_trace(Path(spec), BATCH)
 
 
 def _fresh(trace: list[TraceRequest]) -> list[TraceRequest]:
