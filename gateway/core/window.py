@@ -21,7 +21,17 @@ EDGES: tuple[float, ...] = tuple(_MIN * _STEP**i for i in range(int(math.log(_MA
 
 
 class LatencyWindow:
-    __slots__ = ("_counts", "_slice_counts", "_starts", "count", "slice_s", "slices")
+    __slots__ = (
+        "_counts",
+        "_current",
+        "_current_end",
+        "_current_start",
+        "_slice_counts",
+        "_starts",
+        "count",
+        "slice_s",
+        "slices",
+    )
 
     def __init__(self, window_s: float = 30.0, slices: int = 10) -> None:
         self.slices = slices
@@ -30,6 +40,9 @@ class LatencyWindow:
         self._starts: list[float] = [-math.inf] * slices
         self._counts: dict[int, int] = {}
         self.count = 0
+        self._current: dict[int, int] = self._slice_counts[0]
+        self._current_start = math.inf
+        self._current_end = -math.inf
 
     def _advance(self, now: float) -> dict[int, int]:
         index = int(now // self.slice_s) % self.slices
@@ -46,11 +59,14 @@ class LatencyWindow:
                 self.count -= n
             old.clear()
             self._starts[index] = start
-        return self._slice_counts[index]
+        self._current = self._slice_counts[index]
+        self._current_start = start
+        self._current_end = start + self.slice_s
+        return self._current
 
     def observe(self, value: float, now: float) -> None:
         bucket = bisect_left(EDGES, value)
-        current = self._advance(now)
+        current = self._current if self._current_start <= now < self._current_end else self._advance(now)
         current[bucket] = current.get(bucket, 0) + 1
         self._counts[bucket] = self._counts.get(bucket, 0) + 1
         self.count += 1
@@ -87,3 +103,5 @@ class LatencyWindow:
         self._counts.clear()
         self._starts = [-math.inf] * self.slices
         self.count = 0
+        self._current_start = math.inf
+        self._current_end = -math.inf

@@ -2,8 +2,9 @@
 
 Rules:
 - One ``EngineClient`` per engine holds a pool of keep-alive connections.
-- A response body is delivered as the chunks that arrive (chunked encoding removed),
-  so a streaming relay adds no buffering of its own.
+- A response body is delivered as the bytes that arrive (chunked encoding removed): all
+  that one read brought at once, so a streaming relay adds no buffering of its own and
+  writes as often as the engine's bytes arrive, not once per HTTP chunk.
 - A connection goes back to the pool only after its response was read to the end;
   anything else (client gone, error, timeout) aborts it, which is how the engine learns
   to stop generating.
@@ -167,7 +168,12 @@ class _Connection(asyncio.Protocol):
     async def next_chunk(self) -> bytes | None:
         while True:
             if self._chunks:
-                chunk = self._chunks.popleft()
+                chunks = self._chunks
+                # Everything that arrived together leaves together: one write downstream, not one per
+                # HTTP chunk (an engine under load packs many stream events into one read).
+                chunk = (
+                    chunks.popleft() if len(chunks) == 1 else b"".join([chunks.popleft() for _ in range(len(chunks))])
+                )
                 self.buffered -= len(chunk)
                 if self._paused and self.buffered < self.HIGH_WATER // 2 and self.transport is not None:
                     self._paused = False
