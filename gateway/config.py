@@ -53,6 +53,12 @@ class PoolConfig:
     backfill: bool = True
     accept_overflow: bool = False
     kv_events: str | None = None
+    """Precise prefix mode: ``tcp://HOST:PORT`` to bind one socket engines publish to (each with its
+    URL as topic), or ``engine-port:PORT`` to subscribe to every engine's own publisher."""
+    tokenizer: str | None = None
+    """How engines tokenize prompts, for precise mode: a model directory, or ``sim``."""
+    kv_events_topics: dict[str, str] = field(default_factory=dict)
+    """Topics engines publish under that are neither their URL nor ``host:port``: topic -> engine URL."""
     model: str | None = None
     api_key: str | None = None
 
@@ -213,6 +219,13 @@ def _parse_pool(name: str, spec: Any) -> PoolConfig:
         raise ConfigError(f"pools.{name}.policy must be one of {', '.join(POLICY_NAMES)}")
     if pool.scheduling_policy not in ("fcfs", "priority"):
         raise ConfigError(f"pools.{name}.scheduling_policy must be fcfs or priority")
+    if pool.kv_events is not None:
+        if not (pool.kv_events.startswith(("tcp://", "ipc://")) or pool.kv_events.startswith("engine-port:")):
+            raise ConfigError(f"pools.{name}.kv_events must be tcp://HOST:PORT (bind) or engine-port:PORT")
+        if not pool.tokenizer:
+            raise ConfigError(f"pools.{name}.kv_events needs pools.{name}.tokenizer (a model directory, or sim)")
+        if pool.policy != "prefix":
+            raise ConfigError(f"pools.{name}.kv_events needs policy: prefix")
     if pool.accept_overflow and not pool.takes_priority:
         raise ConfigError(
             f"pools.{name}.accept_overflow needs scheduling_policy: priority, "

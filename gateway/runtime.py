@@ -31,7 +31,9 @@ from gateway.keys import KeyAuthenticator
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter
 from gateway.store import open_store
+from gateway.tokenizers import load_tokenizer
 from gateway.upstream.h1 import EngineClient
+from gateway.upstream.kv_feed import KVFeed
 from gateway.upstream.monitor import EngineMonitor
 
 POLL_INTERVAL_S = 0.05
@@ -69,7 +71,11 @@ def build_dispatcher(config: Config) -> Dispatcher:
                 takes_priority=pool.takes_priority,
                 backfill=pool.backfill,
                 accept_overflow=pool.accept_overflow,
-                policy_options=dict(config.prefix.get("policy", {})) if pool.policy == "prefix" else {},
+                policy_options=(
+                    {**config.prefix.get("policy", {}), **({"precise": True} if pool.kv_events else {})}
+                    if pool.policy == "prefix"
+                    else {}
+                ),
             )
             for name, pool in config.pools.items()
         ],
@@ -77,6 +83,20 @@ def build_dispatcher(config: Config) -> Dispatcher:
         budgets={cls: spec.budget.itl_s for cls, spec in config.classes.items()},
         admission=admission_settings(config),
     )
+
+
+class PrecisePool:
+    """What the request path needs for a pool in precise prefix mode."""
+
+    def __init__(self, name: str, tokenizer: str, dispatcher: Dispatcher) -> None:
+        self.name = name
+        self.tokenizer = load_tokenizer(tokenizer)
+        self._dispatcher = dispatcher
+
+    def block_size(self) -> int:
+        """The engines' KV block size (from ``vllm:cache_config_info``; vLLM's GPU default before a scrape)."""
+        sizes = [e.block_size for e in self._dispatcher.pools[self.name].engines if e.scraped_at is not None]
+        return max(sizes) if sizes else 16
 
 
 class Gateway:
@@ -105,8 +125,30 @@ class Gateway:
         self._waiters: dict[str, asyncio.Future[Outcome]] = {}
         self._poller: asyncio.Task[None] | None = None
         self.on_stop: list[Callable[[], None]] = []
+        self.precise: dict[str, PrecisePool] = {
+            name: PrecisePool(name, pool.tokenizer or "sim", self.dispatcher)
+            for name, pool in config.pools.items()
+            if pool.kv_events
+        }
+        self.kv_feeds: dict[str, KVFeed] = {
+            name: KVFeed(name, pool.kv_events, self.dispatcher, pool.kv_events_topics)
+            for name, pool in config.pools.items()
+            if pool.kv_events
+        }
+        self.monitor.on_watch.append(self._engine_watched)
+        self.monitor.on_unwatch.append(self._engine_unwatched)
         # Running relays by request id: how to stop one that the core preempts.
         self.active: dict[str, Callable[[], bool]] = {}
+
+    def _engine_watched(self, engine_id: str, pool: str) -> None:
+        feed = self.kv_feeds.get(pool)
+        if feed is not None:
+            feed.engine_added(engine_id)
+
+    async def _engine_unwatched(self, engine_id: str, pool: str) -> None:
+        feed = self.kv_feeds.get(pool)
+        if feed is not None:
+            await feed.engine_removed(engine_id)
 
     def _make_client(self, engine_id: str, pool: str) -> EngineClient:
         return EngineClient(
@@ -124,6 +166,8 @@ class Gateway:
             for kind, value in (("ttft_p99", budget.ttft_s), ("itl_p99", budget.itl_s)):
                 if value is not None:
                     self.metrics.slo_budget.labels(cls, kind).set(value)
+        for feed in self.kv_feeds.values():
+            feed.start()
         for name, pool in self.config.pools.items():
             if pool.discovery:
                 self.monitor.discover(name, pool.discovery, pool.discovery_interval_s)
@@ -149,6 +193,8 @@ class Gateway:
         await self.keys.stop()
         await self.store.close()
         await self.monitor.close()
+        for feed in self.kv_feeds.values():
+            await feed.close()
         for fut in self._waiters.values():
             if not fut.done():
                 fut.cancel()

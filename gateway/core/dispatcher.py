@@ -192,6 +192,14 @@ class Dispatcher:
             engine.apply_scrape(metrics, now)
             self.pools[engine.pool].policy.scraped(engine)
 
+    def apply_kv_events(self, engine_id: str, events: Sequence[object], now: float, restarted: bool = False) -> None:
+        """An engine's KV cache events (precise prefix mode)."""
+        engine = self._engines.get(engine_id)
+        if engine is not None:
+            handler = getattr(self.pools[engine.pool].policy, "kv_events", None)
+            if handler is not None:
+                handler(engine_id, events, restarted)
+
     def queue_depths(self) -> dict[tuple[str, str], int]:
         return {(name, cls): pool.queue.depth(cls) for name, pool in self.pools.items() for cls in CLASS_RANK}
 

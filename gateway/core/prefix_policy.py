@@ -32,6 +32,7 @@ from xxhash import xxh3_64_intdigest
 
 from gateway.core.affinity import AffinityIndex
 from gateway.core.engines import EngineState
+from gateway.core.precise import PreciseIndex
 from gateway.core.request import RouteRequest
 from gateway.core.routing import Choice
 
@@ -65,6 +66,7 @@ class PrefixAffinity:
         rendezvous_blocks: int = 8,
         default_capacity_tokens: int = 1 << 20,
         max_sessions: int = 100_000,
+        precise: bool = False,
     ) -> None:
         if load_factor < 1.0:
             raise ValueError("load_factor must be at least 1")
@@ -78,6 +80,8 @@ class PrefixAffinity:
         self.rendezvous_blocks = rendezvous_blocks
         self.default_capacity_tokens = default_capacity_tokens
         self.index = AffinityIndex(default_capacity_tokens)
+        # Precise mode: the index holds what the engines' KV events say, nothing guessed.
+        self.precise = PreciseIndex(self.index) if precise else None
         self._bound = 1
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self.max_sessions = max_sessions
@@ -144,11 +148,13 @@ class PrefixAffinity:
     def _cached_tokens(self, req: RouteRequest, depth: int) -> int:
         """Prompt tokens an engine holding ``depth`` leading blocks would serve from cache."""
         prefix = req.prefix
-        if depth and depth == len(prefix):
+        if depth and depth == len(prefix) and self.precise is None:
             extent = self.index.extent(prefix[-1])
             if extent is not None:
                 return max(depth * req.block_tokens, min(extent, req.prompt_tokens - 1))
-        return min(depth * req.block_tokens, max(0, req.prompt_tokens - 1))
+        # Like vLLM: whole blocks only, and never the prompt's last token (it must be computed).
+        usable = max(0, req.prompt_tokens - 1) // max(1, req.block_tokens)
+        return min(depth, usable) * req.block_tokens
 
     # -- learning -------------------------------------------------------------------
 
@@ -157,7 +163,7 @@ class PrefixAffinity:
         if engine.id not in self._honesty:
             self._honesty[engine.id] = _Honesty()
             self._sync_capacity(engine)
-        if req.prefix:
+        if req.prefix and self.precise is None:
             self.index.record(engine.id, req.prefix, req.prompt_tokens, req.block_tokens)
         if req.session is not None:
             self.sessions[req.session] = engine.id
@@ -177,7 +183,26 @@ class PrefixAffinity:
         return engine.num_blocks * engine.block_size if engine.num_blocks else self.default_capacity_tokens
 
     def _sync_capacity(self, engine: EngineState) -> None:
-        self.index.set_capacity(engine.id, self._capacity_tokens(engine))
+        if self.precise is None:
+            self.index.set_capacity(engine.id, self._capacity_tokens(engine))
+
+    def kv_events(self, engine_id: str, events: Sequence[object], restarted: bool = False) -> None:
+        """Apply an engine's KV cache events (precise mode; ignored otherwise)."""
+        precise = self.precise
+        if precise is None:
+            return
+        if restarted:
+            precise.cleared(engine_id)
+        for event in events:
+            kind = type(event).__name__
+            if kind == "BlockStored":
+                precise.stored(
+                    engine_id, event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
+                )
+            elif kind == "BlockRemoved":
+                precise.removed(engine_id, event.block_hashes)
+            elif kind == "AllBlocksCleared":
+                precise.cleared(engine_id)
 
     def scraped(self, engine: EngineState) -> None:
         """Compare the engine's real prefix-cache counters with what the index predicted."""
@@ -189,12 +214,15 @@ class PrefixAffinity:
             return
         if queries < honesty.last_queries:
             # Counters went back: the engine restarted and its cache is empty.
-            self.index.clear(engine.id)
+            if self.precise is not None:
+                self.precise.cleared(engine.id)
+            else:
+                self.index.clear(engine.id)
             self._sync_capacity(engine)
         else:
             d_queries = queries - honesty.last_queries
             d_hits = hits - honesty.last_hits
-            if d_queries > 0 and honesty.prompt_tokens > 0:
+            if d_queries > 0 and honesty.prompt_tokens > 0 and self.precise is None:
                 real = d_hits / d_queries
                 predicted = honesty.predicted_tokens / honesty.prompt_tokens
                 capacity = self.index.capacity(engine.id)

@@ -19,9 +19,11 @@ import orjson
 from gateway import log
 from gateway.core.classes import ClassificationError, classify
 from gateway.core.dispatcher import Dispatch, Outcome, Queued, Rejection
+from gateway.core.precise import token_block_hashes
 from gateway.core.prefix import chain_seed, estimate_tokens, hash_blocks, prompt_text
 from gateway.core.request import RouteRequest
 from gateway.errors import ApiError, error_body
+from gateway.tokenizers import prompt_token_ids
 from gateway.upstream.h1 import ConnectError, ReadTimeout, Response, UpstreamError
 
 if TYPE_CHECKING:
@@ -165,10 +167,17 @@ class Proxy:
             if isinstance(max_tokens, int):
                 req.max_tokens = max_tokens
             if endpoint.hashes_prompt:
-                text = prompt_text(parsed)
-                req.prompt_tokens = estimate_tokens(text)
-                req.prefix = hash_blocks(text, chain_seed(model, parsed.get("cache_salt")), self.gw.block_chars)
-                req.block_tokens = self.gw.block_tokens
+                precise = self.gw.precise.get(self.gw.dispatcher.home[cls])
+                if precise is not None:
+                    token_ids = prompt_token_ids(precise.tokenizer, parsed)
+                    req.prompt_tokens = len(token_ids)
+                    req.block_tokens = precise.block_size()
+                    req.prefix = token_block_hashes(token_ids, req.block_tokens)
+                else:
+                    text = prompt_text(parsed)
+                    req.prompt_tokens = estimate_tokens(text)
+                    req.prefix = hash_blocks(text, chain_seed(model, parsed.get("cache_salt")), self.gw.block_chars)
+                    req.block_tokens = self.gw.block_tokens
             if principal is not None and self.gw.limiter is not None:
                 await self.gw.limiter.admit(principal, req)
                 send = self.gw.limiter.meter(principal, req, send)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,8 @@ class EngineMonitor:
         self.models_every = models_every
         self.watches: dict[str, EngineWatch] = {}
         self._discovery: list[asyncio.Task[None]] = []
+        self.on_watch: list[Callable[[str, str], None]] = []
+        self.on_unwatch: list[Callable[[str, str], Awaitable[None]]] = []
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -70,6 +72,8 @@ class EngineMonitor:
             asyncio.create_task(self._health_loop(engine_id, w), name=f"health {engine_id}"),
             asyncio.create_task(self._scrape_loop(engine_id, w), name=f"scrape {engine_id}"),
         ]
+        for callback in self.on_watch:
+            callback(engine_id, pool)
         return w.client
 
     def unwatch(self, engine_id: str) -> None:
@@ -79,6 +83,8 @@ class EngineMonitor:
         for task in w.tasks:
             task.cancel()
         w.client.close()
+        for callback in self.on_unwatch:
+            asyncio.get_running_loop().create_task(callback(engine_id, w.pool))
 
     def discover(self, pool: str, target: str, interval_s: float) -> None:
         self._discovery.append(asyncio.create_task(self._discovery_loop(pool, target, interval_s)))

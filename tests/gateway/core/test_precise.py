@@ -1,0 +1,83 @@
+from gateway.core.dispatcher import Dispatch, Dispatcher, PoolSpec
+from gateway.core.precise import ROOT, PreciseIndex, token_block_hashes
+from gateway.core.request import RouteRequest
+
+
+class Stored:
+    def __init__(self, block_hashes, parent, token_ids, block_size):
+        self.block_hashes, self.parent_block_hash, self.token_ids, self.block_size = (
+            block_hashes,
+            parent,
+            token_ids,
+            block_size,
+        )
+
+
+class Removed:
+    def __init__(self, block_hashes):
+        self.block_hashes = block_hashes
+
+
+class AllBlocksCleared:
+    pass
+
+
+Stored.__name__ = "BlockStored"
+Removed.__name__ = "BlockRemoved"
+
+TOKENS = list(range(1000, 1000 + 64))  # four blocks of 16
+
+
+def test_request_and_event_hash_the_same_tokens_alike():
+    index = PreciseIndex()
+    index.stored("a", [11, 12], None, TOKENS[:32], 16)
+    index.stored("a", [13], 12, TOKENS[32:48], 16)
+    assert index.index.match(token_block_hashes(TOKENS, 16), ["a"]) == [3]
+    assert token_block_hashes(TOKENS[:15], 16) == []
+    assert token_block_hashes(TOKENS, 16)[0] != ROOT
+
+
+def test_removed_and_cleared_blocks_stop_matching():
+    index = PreciseIndex()
+    index.stored("a", [1, 2, 3, 4], None, TOKENS, 16)
+    index.removed("a", [3])
+    assert index.index.match(token_block_hashes(TOKENS, 16), ["a"]) == [2]
+    index.cleared("a")
+    assert index.index.match(token_block_hashes(TOKENS, 16), ["a"]) == [0]
+
+
+def test_a_block_whose_parent_was_never_seen_is_not_guessed():
+    index = PreciseIndex()
+    index.stored("a", [7], 999, TOKENS[16:32], 16)
+    assert index.blocks("a") == 0 and index.unplaced == 1
+
+
+def request(i, tokens):
+    return RouteRequest(
+        f"r{i}",
+        "interactive",
+        "m",
+        0.0,
+        prompt_tokens=len(tokens),
+        prefix=token_block_hashes(tokens, 16),
+        block_tokens=16,
+    )
+
+
+def test_precise_pool_routes_by_events_not_by_its_own_history():
+    d = Dispatcher([PoolSpec("interactive", ["a", "b"], policy="prefix", policy_options={"precise": True})])
+    first = d.submit(request(0, TOKENS), 0.0)
+    assert isinstance(first, Dispatch)
+    d.finish(first, 0.1)
+    other = "b" if first.engine.id == "a" else "a"
+    # Routing recorded nothing: until an engine reports the blocks, there is no affinity.
+    again = d.submit(request(1, TOKENS), 0.2)
+    assert again.predicted_cached_tokens == 0
+    d.finish(again, 0.3)
+    d.apply_kv_events(other, [Stored([1, 2, 3, 4], None, TOKENS, 16)], 0.4)
+    third = d.submit(request(2, TOKENS), 0.5)
+    assert third.engine.id == other and third.reason == "affinity"
+    assert third.predicted_cached_tokens == 48  # whole blocks, never the last prompt token
+    d.finish(third, 0.6)
+    d.apply_kv_events(other, [AllBlocksCleared()], 0.7)
+    assert d.submit(request(3, TOKENS), 0.8).predicted_cached_tokens == 0
