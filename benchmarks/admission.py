@@ -2,20 +2,23 @@
 
 Through the gateway's own core (``gateway sim``), Gemma 4 engine profiles:
 
-1. Flood: 4 interactive engines (``gemma4-nvfp4``) and 4 batch engines (``gemma4-nvfp4-mtp4``,
+1. Flood: 8 interactive engines (``gemma4-nvfp4``) and 4 batch engines (``gemma4-nvfp4-mtp4``,
    priority scheduling). Interactive Poisson arrivals at 60 % of what the interactive pool
-   serves within its SLO (4 engines x 4 requests each within TTFT p99 500 ms / ITL p99 50 ms,
-   2048-token prompts, 512-token answers: 0.42 requests/s), plus a batch flood far beyond what
-   the batch pool takes. The same with admission off and one shared FCFS pool, for contrast.
+   serves within its SLO (8 engines x 4 requests each within TTFT p99 500 ms / ITL p99 50 ms,
+   2048-token prompts, 512-token answers: 0.84 requests/s), plus a batch flood far beyond what
+   the batch pool takes. (With 23-second requests, a slot rarely frees within the TTFT budget:
+   at 60 % load, 16 slots turn away ~3 % of Poisson arrivals, 32 slots ~0.5 %.) The same with
+   admission off and one shared FCFS pool, for contrast.
    The capacity interactive leaves free is measured with the flood alone on the same cluster
    (every engine within the interactive pool's SLO limits, as admission keeps them), minus the
    output tokens/s interactive traffic takes.
 2. Load sweep: the Azure LLM conversation trace (first ``--sweep-minutes`` minutes) as
-   interactive traffic at 1x to 4x its rate, with a batch flood, on 16 engines: 12 interactive
-   + 4 batch with admission (ours), against one shared FCFS pool of 16 without admission, and
-   separate pools without admission. SLO attainment and SLO-compliant goodput per setup.
+   interactive traffic at 1x to 4x its rate, with a batch flood, on 24 engines: 20 interactive
+   + 4 batch with admission (ours; 1x is about 60 % of the interactive pool's SLO capacity),
+   against one shared FCFS pool of 24 without admission, and separate pools without admission.
+   SLO attainment and SLO-compliant goodput per setup.
 
-    python benchmarks/admission.py [--minutes 30] [--sweep-minutes 10] [--out benchmarks/results/admission]
+    python benchmarks/admission.py [--minutes 30] [--sweep-minutes 5] [--out benchmarks/results/admission]
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from gateway.simulate.cli import run as run_sim  # noqa: E402
 
 AZURE = str(ROOT / "benchmarks/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv")
 PROFILES = "interactive=gemma4-nvfp4,batch=gemma4-nvfp4-mtp4"
-SLO_RATE = 4 * 0.175  # requests/s the interactive pool serves within SLO (sweep: 89.7 tok/s at c=4, 512 out)
+SLO_RATE = 8 * 0.175  # requests/s the interactive pool serves within SLO (sweep: 89.7 tok/s at c=4, 512 out)
 
 
 def sim(argv: list[str]) -> dict:
@@ -52,7 +55,7 @@ def flood(minutes: float) -> dict:
     rate = round(0.6 * SLO_RATE, 3)
     interactive = f"poisson:rate={rate},input=2048,output=512,minutes={minutes}@interactive"
     base = (
-        "--engines interactive=4,batch=4 --policy prefix --batch-flood 1024 --flood-lengths 2048,512 "
+        "--engines interactive=8,batch=4 --policy prefix --batch-flood 1024 --flood-lengths 2048,512 "
         f"--minutes {minutes} --no-oracle --profile {PROFILES}"
     ).split()
     progress(f"flood: interactive at {rate} req/s + batch flood, admission on ...")
@@ -94,11 +97,11 @@ def flood(minutes: float) -> dict:
 
 def sweep(minutes: float) -> dict:
     setups = {
-        "pools+admission": ["--engines", "interactive=12,batch=4", "--policy", "prefix"],
-        "pools, admission off": ["--engines", "interactive=12,batch=4", "--policy", "prefix", "--admission", "off"],
+        "pools+admission": ["--engines", "interactive=20,batch=4", "--policy", "prefix"],
+        "pools, admission off": ["--engines", "interactive=20,batch=4", "--policy", "prefix", "--admission", "off"],
         "shared FCFS": [
             "--engines",
-            "interactive=12,batch=4",
+            "interactive=20,batch=4",
             "--policy",
             "least_loaded",
             "--shared-pool",
@@ -138,7 +141,7 @@ def sweep(minutes: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=30.0, help="flood scenario length (virtual minutes)")
-    parser.add_argument("--sweep-minutes", type=float, default=10.0, help="Azure trace minutes for the sweep")
+    parser.add_argument("--sweep-minutes", type=float, default=5.0, help="Azure trace minutes for the sweep")
     parser.add_argument("--skip-sweep", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/admission"))
     args = parser.parse_args()

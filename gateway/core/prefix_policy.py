@@ -8,11 +8,12 @@ Rules:
 - A pinned session (``X-Session-ID``) stays on its engine while that engine is eligible;
   otherwise the pin moves to wherever the request goes.
 - Each eligible engine gets a cost in prompt tokens: the prefill already queued on it
-  (``pending_prefill``, weighted by ``queue_weight``), plus the part of this prompt it does
-  not hold in cache, plus ``decode_cost_tokens`` per request in flight, plus a penalty that
-  grows with KV cache pressure. Queued prefill weighs less than a token of this prompt: a
-  queue drains in seconds, while a cache hit kept also serves the conversation's next turns.
-- Engines within ``tolerance`` of the cheapest are equally good: among them the one holding
+  (``pending_prefill``), plus this prompt, minus ``cache_weight`` times what it holds of the
+  prompt in cache, plus ``decode_cost_tokens`` per request in flight, plus a penalty that grows
+  with KV cache pressure. A cached token counts ``cache_weight`` times: a hit kept also serves
+  the conversation's next turns, and work not repeated is capacity left for everyone; but a
+  long enough queue still sends the request elsewhere, as waiting behind it costs more.
+- Engines within ``tolerance`` of this prompt's size of the cheapest are equally good: among them the one holding
   the most of the prompt wins, then rendezvous hashing of the prompt's first distinctive
   blocks decides. So a prefix nobody has seen goes to the same engine from every replica
   (when loads are alike), and a conversation's later turns follow its first.
@@ -57,11 +58,11 @@ class PrefixAffinity:
     def __init__(
         self,
         load_factor: float = 2.0,
-        cache_weight: float = 1.0,
-        queue_weight: float = 0.1,
+        cache_weight: float = 10.0,
+        queue_weight: float = 1.0,
         decode_cost_tokens: float = 512.0,
         kv_cost_tokens: float = 4096.0,
-        tolerance: float = 0.1,
+        tolerance: float = 0.02,
         tolerance_tokens: float = 512.0,
         rendezvous_blocks: int = 8,
         default_capacity_tokens: int = 1 << 20,
@@ -117,13 +118,14 @@ class PrefixAffinity:
         cached = [self._cached_tokens(req, d) for d in depths]
         costs = [
             self.queue_weight * e.pending_prefill
-            + max(0.0, req.prompt_tokens - self.cache_weight * c)
+            + req.prompt_tokens
+            - self.cache_weight * c
             + self.decode_cost_tokens * e.load
             + self.kv_cost_tokens * max(0.0, e.kv_usage - 0.8) * 5
             for e, c in zip(eligible, cached, strict=True)
         ]
         cheapest = min(costs)
-        slack = max(self.tolerance_tokens, self.tolerance * cheapest)
+        slack = max(self.tolerance_tokens, self.tolerance * req.prompt_tokens)
         floor = min(cached)
         distinct = min(len(prefix), min(depths) + self.rendezvous_blocks) if prefix else 0
         key = prefix[distinct - 1] if distinct else 0

@@ -36,7 +36,7 @@ def _block(
     records: list[Record],
     engines: list[SimEngine],
     setup: ClusterSetup,
-    duration: float,
+    window: tuple[float, float],
     budgets: dict[str, Budget],
     capacity: tuple[float, int] | None,
 ) -> dict[str, Any]:
@@ -46,6 +46,8 @@ def _block(
     prompt = sum(r.trace.input_len for r in done)
     cached = sum(r.cached_tokens for r in done)
     meeting = sum(1 for r in records if _meets(r, budgets[r.trace.cls]))
+    start, end = window
+    duration = end - start
     out = {
         "requests": len(records),
         "completed": len(done),
@@ -60,7 +62,7 @@ def _block(
         "load_imbalance": _imbalance(engines),
         "slo_attainment": round(meeting / len(records), 4) if records else 0.0,
         "goodput_rps": round(meeting / duration, 4) if duration > 0 else 0.0,
-        "output_tokens_per_s": round(sum(r.output_tokens for r in done) / duration, 2) if duration > 0 else 0.0,
+        "output_tokens_per_s": round(_tokens_within(done, start, end) / duration, 2) if duration > 0 else 0.0,
     }
     if capacity is not None:
         ordered = sorted((r.trace for r in records), key=lambda t: t.arrival)
@@ -68,6 +70,21 @@ def _block(
         out["oracle_hit_ratio"] = round(hit_ceiling(ordered, blocks, block_size), 4)
         out["infinite_hit_ratio"] = round(hit_ceiling(ordered, math.inf, block_size), 4)
     return out
+
+
+def _tokens_within(done: list[Record], start: float, end: float) -> float:
+    """Output tokens delivered inside [start, end], each request's spread evenly from first to last token."""
+    total = 0.0
+    for r in done:
+        if r.first is None or r.done is None:
+            continue
+        span = r.done - r.first
+        if span <= 0:
+            total += r.output_tokens if start <= r.done <= end else 0
+            continue
+        inside = max(0.0, min(end, r.done) - max(start, r.first))
+        total += r.output_tokens * inside / span
+    return total
 
 
 def _count(values: Iterable[str]) -> dict[str, int]:
@@ -87,13 +104,16 @@ def summarize(setup: ClusterSetup, result: dict[str, Any], oracle: bool = True) 
     starts = [r.req.arrival for r in records]
     ends = [r.done for r in records if r.done is not None]
     duration = (max(ends) - min(starts)) if ends and starts else 0.0
+    # Rates are over the arrival window (goodput: SLO-meeting requests that arrived in it; tokens:
+    # those delivered in it), not the makespan, which a backlog's drain would stretch.
+    window = (min(starts), max(starts)) if starts else (0.0, 0.0)
     home = {
         cls: setup.home.get(cls) or (cls if any(p.name == cls for p in setup.pools) else setup.pools[0].name)
         for cls in CLASSES
     }
     pool_blocks = {p.name: (p.engines * p.profile.num_blocks, p.profile.block_size) for p in setup.pools}
     all_blocks = (sum(b for b, _ in pool_blocks.values()), setup.pools[0].profile.block_size)
-    summary = _block(records, list(engines.values()), setup, duration, setup.budgets, all_blocks if oracle else None)
+    summary = _block(records, list(engines.values()), setup, window, setup.budgets, all_blocks if oracle else None)
     by_class = {}
     for cls in CLASSES:
         mine = [r for r in records if r.trace.cls == cls]
@@ -101,7 +121,7 @@ def summarize(setup: ClusterSetup, result: dict[str, Any], oracle: bool = True) 
             continue
         pool_engines = [e for e in engines.values() if e.pool == home[cls]]
         by_class[cls] = _block(
-            mine, pool_engines, setup, duration, setup.budgets, pool_blocks[home[cls]] if oracle else None
+            mine, pool_engines, setup, window, setup.budgets, pool_blocks[home[cls]] if oracle else None
         )
     summary["by_class"] = by_class
     summary["by_pool"] = {
@@ -118,4 +138,5 @@ def summarize(setup: ClusterSetup, result: dict[str, Any], oracle: bool = True) 
         if ratio is not None:
             summary["by_pool"][name]["max_load_over_bound"] = round(ratio, 4)
     summary["duration_s"] = round(duration, 2)
+    summary["window_s"] = round(window[1] - window[0], 2)
     return summary

@@ -1,0 +1,89 @@
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from gateway.simulate.cluster import hit_ceiling
+from gateway.simulate.traces import TraceRequest
+
+ROOT = Path(__file__).parents[3]
+MOONCAKE = ROOT / "benchmarks" / "traces" / "mooncake" / "conversation_trace.jsonl"
+
+
+def sim(*args: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "sim", *args], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    return json.loads(out.stdout)
+
+
+def test_hit_ceiling_follows_vllm_rules_on_a_toy_trace():
+    a = TraceRequest(0.0, 1024, 1, (1, 2))
+    b = TraceRequest(1.0, 1024, 1, (1, 2))  # the same prompt again: all but its last block
+    c = TraceRequest(2.0, 600, 1, (1, 9))  # shares only the first 512 tokens
+    ratio = hit_ceiling([a, b, c], math.inf, 16)
+    assert ratio == (1008 + 512) / (1024 + 1024 + 600)
+    assert hit_ceiling([a, b, c], 10, 16) == 0.0  # a cache too small to hold a prompt
+
+
+def test_policies_replay_the_same_arrivals_deterministically():
+    args = [
+        "--trace",
+        str(MOONCAKE),
+        "--minutes",
+        "1",
+        "--engines",
+        "4",
+        "--profile",
+        "h200-32b-fp8",
+        "--policy",
+        "round_robin,prefix",
+        "--admission",
+        "off",
+    ]
+    first, second = sim(*args), sim(*args)
+    assert first == {**second, **{p: {**second[p], "wall_s": first[p]["wall_s"]} for p in second}}
+    for policy in ("round_robin", "prefix"):
+        r = first[policy]
+        assert r["requests"] == r["completed"] > 100
+        assert 0 <= r["prefix_hit_ratio"] <= r["oracle_hit_ratio"] + 0.02 <= r["infinite_hit_ratio"] + 0.02
+        for key in (
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "itl_p50_ms",
+            "itl_p99_ms",
+            "load_imbalance",
+            "slo_attainment",
+            "goodput_rps",
+            "by_class",
+        ):
+            assert key in r
+    assert first["prefix"]["prefix_hit_ratio"] > first["round_robin"]["prefix_hit_ratio"]
+
+
+def test_flood_and_admission_keep_interactive_within_budget():
+    r = sim(
+        "--trace",
+        "poisson:rate=0.3,input=1024,output=128,minutes=2@interactive",
+        "--engines",
+        "interactive=2,batch=1",
+        "--profile",
+        "interactive=gemma4-nvfp4,batch=gemma4-nvfp4-mtp4",
+        "--batch-flood",
+        "64",
+        "--flood-lengths",
+        "1024,128",
+        "--minutes",
+        "2",
+        "--no-oracle",
+    )["prefix"]
+    interactive, batch = r["by_class"]["interactive"], r["by_class"]["batch"]
+    assert interactive["ttft_p99_ms"] <= 500 and interactive["itl_p99_ms"] <= 50
+    assert batch["completed"] > 50
+
+
+def test_single_engine_sweep_is_keyed_by_level():
+    r = sim("--profile", "gemma4-nvfp4", "--concurrency", "1,4", "--input-len", "512", "--output-len", "32")
+    assert set(r) == {"1", "4"}
+    assert r["4"]["output_tokens_per_s"] > r["1"]["output_tokens_per_s"]
