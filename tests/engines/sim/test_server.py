@@ -10,32 +10,13 @@ import msgpack
 import openai
 import pytest
 import zmq
-from prometheus_client.parser import text_string_to_metric_families
 
 from engines.sim import tokens
+from tests.support.observe import metric, wait_for
 from tests.support.procs import free_port, start_engine
 
 MODEL = "sim-model"
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say something."}]
-
-
-def metric(url: str, name: str, **labels: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=5).text
-    return sum(
-        s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-    )
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.fixture(scope="module")

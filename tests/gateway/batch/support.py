@@ -9,9 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.procs import Proc, start_engine, start_gateway
 
@@ -59,16 +57,6 @@ def file_lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any
     if file_id is None:
         return []
     return [json.loads(line) for line in client.files.content(file_id).text.splitlines() if line]
-
-
-def metric(url: str, name: str, **labels: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=5).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
 
 
 def client_for(gateway: Proc, key: str = "unused") -> openai.OpenAI:

@@ -13,11 +13,11 @@ from tests.gateway.batch.support import (
     chat_line,
     client_for,
     file_lines,
-    metric,
     start_stack,
     submit,
     wait_batch,
 )
+from tests.support.observe import metric
 
 LINES = 2000
 TTFT_BUDGET_S = 0.5

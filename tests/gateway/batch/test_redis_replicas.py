@@ -14,11 +14,11 @@ from tests.gateway.batch.support import (
     chat_line,
     client_for,
     file_lines,
-    metric,
     start_stack,
     submit,
     wait_batch,
 )
+from tests.support.observe import metric
 from tests.support.procs import start_gateway
 from tests.support.redis import RedisServer
 

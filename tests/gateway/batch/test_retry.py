@@ -7,7 +7,8 @@ import time
 import pytest
 
 from gateway.config import ConfigError, parse_config
-from tests.gateway.batch.support import chat_line, client_for, metric, submit, wait_batch
+from tests.gateway.batch.support import chat_line, client_for, submit, wait_batch
+from tests.support.observe import metric
 from tests.support.procs import free_port, start_engine, start_gateway
 
 

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from tests.gateway.http.test_proxy import metric
+from tests.support.observe import metric
 from tests.support.procs import start_engine, start_gateway
 
 MODEL = "sim-model"

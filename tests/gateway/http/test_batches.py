@@ -15,12 +15,12 @@ from tests.gateway.batch.support import (
     client_for,
     file_lines,
     jsonl,
-    metric,
     start_stack,
     submit,
     upload,
     wait_batch,
 )
+from tests.support.observe import metric
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.gateway.http.test_proxy import metric, wait_for
+from tests.support.observe import metric, wait_for
 from tests.support.procs import free_port, start_engine, start_gateway
 
 MODEL = "sim-model"
