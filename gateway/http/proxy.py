@@ -111,6 +111,7 @@ class Proxy:
         self._requests: dict[tuple[str, str, int], Any] = {}
         self._ttft: dict[tuple[str, str], Any] = {}
         self._itl: dict[tuple[str, str], Any] = {}
+        self._children: dict[tuple[Any, ...], Any] = {}
         # Internal ids: the caller's x-request-id is echoed, but need not be unique.
         self._ids = (f"r{n}" for n in itertools.count())
 
@@ -122,6 +123,13 @@ class Proxy:
         if child is None:
             child = self._requests[key] = self.gw.metrics.requests.labels(cls, pool, str(status))
         child.inc()
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def _timers(self, cls: str, pool: str) -> tuple[Any, Any]:
         key = (cls, pool)
@@ -270,12 +278,13 @@ class Proxy:
         if not isinstance(outcome, Dispatch | Rejection):
             raise ApiError(503, "the request could not be scheduled", "not_scheduled", retry_after_s=1.0)
         if isinstance(outcome, Rejection):
-            metrics.admission.labels(req.cls, outcome.code).inc()
+            self._child(metrics.admission, req.cls, outcome.code).inc()
+            log.debug("request_refused", request_id=req.id, cls=req.cls, code=outcome.code, reason=outcome.message)
             raise ApiError(outcome.status, outcome.message, outcome.code, retry_after_s=outcome.retry_after_s)
-        metrics.admission.labels(req.cls, "admitted").inc()
-        metrics.routing.labels(outcome.pool, outcome.engine.id, outcome.reason).inc()
+        self._child(metrics.admission, req.cls, "admitted").inc()
+        self._child(metrics.routing, outcome.pool, outcome.engine.id, outcome.reason).inc()
         if req.prefix:
-            metrics.predicted_cached.labels(outcome.pool).observe(outcome.predicted_cached_tokens)
+            self._child(metrics.predicted_cached, outcome.pool).observe(outcome.predicted_cached_tokens)
         return outcome
 
     def _finish(self, dispatch: Dispatch, ok: bool) -> None:
@@ -309,8 +318,10 @@ class Proxy:
                     raise ApiError(502, f"engine unreachable: {exc}", "upstream_unreachable") from None
                 retried = True
                 outcome = self.gw.dispatcher.retry(dispatch, time.monotonic())
+                self.gw.settle(self.gw.dispatcher.take_notices())
+                if isinstance(outcome, Queued):
+                    outcome = await self.gw.wait_turn(dispatch.request)
                 if not isinstance(outcome, Dispatch):
-                    self.gw.settle([outcome] if isinstance(outcome, Rejection) else [])
                     raise ApiError(502, f"engine unreachable: {exc}", "upstream_unreachable") from None
                 self.gw.metrics.retries.labels(dispatch.pool).inc()
                 log.info("request_retried", request_id=request_id, failed=engine_id, engine=outcome.engine.id)
