@@ -111,7 +111,8 @@ def plot(results: dict, path: Path) -> None:
         label="pooled-cache ceiling (oracle)",
     )
     axes[0].set_title("prefix hit ratio (tokens from cache / prompt tokens)")
-    axes[1].set_title("TTFT p99 (s)")
+    axes[1].set_title("TTFT p99 (s, log scale)")
+    axes[1].set_yscale("log")
     axes[2].set_title("load imbalance (max / mean busy time)")
     axes[2].axhline(1.25, color="red", linestyle="--", linewidth=1)
     for ax in axes:
