@@ -18,7 +18,7 @@ Rules:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -174,3 +174,30 @@ class KVCache:
         if self.events is not None:
             self.events.append(AllBlocksCleared())
         return True
+
+
+def lru_hit_ratio(prompts: Iterable[tuple[int, Sequence[int]]], capacity_blocks: float, block_size: int) -> float:
+    """Prefix hit ratio of one LRU prefix cache of ``capacity_blocks`` blocks fed ``prompts`` in order.
+
+    Each prompt is ``(tokens, chained block hashes)``. Hits follow vLLM's rule: whole leading
+    blocks, never the prompt's last token. ``capacity_blocks`` may be ``math.inf``.
+    """
+    lru: OrderedDict[int, None] = OrderedDict()
+    hits = total = 0
+    for tokens, hashes in prompts:
+        usable = (tokens - 1) // block_size
+        n = 0
+        for h in hashes[:usable]:
+            if h not in lru:
+                break
+            n += 1
+        hits += n * block_size
+        total += tokens
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+        while len(lru) > capacity_blocks:
+            lru.popitem(last=False)
+    return hits / total if total else 0.0

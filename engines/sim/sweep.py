@@ -20,6 +20,7 @@ Rules of measurement:
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import Any
 
 from engines.sim import virtual
 from engines.sim.core import EngineCore, EngineRequest, StepOutput
+from engines.sim.kv_cache import lru_hit_ratio
 from engines.sim.profile import Profile
 from engines.sim.tokens import block_hashes_for_trace
 
@@ -75,6 +77,7 @@ def run_level(
     bs = core.block_size
     shared_blocks = shared_prefix_len // bs
     records: dict[str, _Record] = {}
+    prompts: list[tuple[int, list[int]]] = []
     issued = 0
 
     def draw(mean: int) -> int:
@@ -88,6 +91,7 @@ def run_level(
         out = min(draw(output_len), core.max_model_len - prompt - 1)
         ids = list(range(shared_blocks)) + [(index + 1) << 32 | j for j in range(prompt // bs - shared_blocks + 1)]
         hashes = block_hashes_for_trace(ids, prompt, trace_block_tokens=bs, block_size=bs)
+        prompts.append((prompt, hashes))
         rid = f"r{index}"
         records[rid] = _Record(index, now, out)
         return now, EngineRequest(rid, prompt, hashes, max_tokens=out, ignore_eos=True)
@@ -138,6 +142,14 @@ def run_level(
         "slo_attainment": round(within / len(measured), 4),
         "meets_slo": ttft_p99 <= ttft_slo_ms and itl_p99 <= itl_slo_ms,
         "prefix_cache_hit_rate": round(core.stats.prefix_cache_hits / max(1, core.stats.prefix_cache_queries), 4),
+        # The cluster metrics of ``gateway sim`` for this one-engine "cluster": routing has no choice to
+        # make, so the pooled-cache ceiling is this engine's own cache.
+        "rejected": 0,
+        "prefix_hit_ratio": round(core.stats.prefix_cache_hits / max(1, core.stats.prefix_cache_queries), 4),
+        "oracle_hit_ratio": round(lru_hit_ratio(prompts, core.profile.num_blocks, bs), 4),
+        "infinite_hit_ratio": round(lru_hit_ratio(prompts, math.inf, bs), 4),
+        "load_imbalance": 1.0,
+        "goodput_rps": round(within / (window_end - window_start), 4) if window_end > window_start else 0.0,
         "preemptions": core.stats.preemptions,
         "virtual_seconds": round(trace.end, 3),
     }

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from engines.sim.core import EngineCore, EngineRequest, StepResult
+from engines.sim.kv_cache import lru_hit_ratio
 from engines.sim.profile import Profile
 from engines.sim.tokens import block_hashes_for_trace
 from gateway.core.classes import BATCH, CLASSES, INTERACTIVE, Budget
@@ -337,34 +337,12 @@ def capacity_blocks(setup: ClusterSetup, pool: str) -> tuple[int, int]:
 
 
 def hit_ceiling(trace: list[TraceRequest], capacity_blocks: float, block_size: int) -> float:
-    """Prefix hit ratio of one LRU cache of ``capacity_blocks`` fed every request in order.
-
-    Hits follow vLLM's rule: whole leading blocks, never the prompt's last token.
-    """
-    from collections import OrderedDict
-
-    lru: OrderedDict[int, None] = OrderedDict()
-    unlimited = math.isinf(capacity_blocks)
-    hits = total = 0
-    for tr in trace:
-        hashes = block_hashes_for_trace(tr.hash_ids, tr.input_len, TRACE_BLOCK_TOKENS, block_size)
-        usable = (tr.input_len - 1) // block_size
-        n = 0
-        for h in hashes[:usable]:
-            if h not in lru:
-                break
-            n += 1
-        hits += n * block_size
-        total += tr.input_len
-        for h in hashes:
-            if h in lru:
-                lru.move_to_end(h)
-            else:
-                lru[h] = None
-        if not unlimited:
-            while len(lru) > capacity_blocks:
-                lru.popitem(last=False)
-    return hits / total if total else 0.0
+    """Prefix hit ratio of one LRU cache of ``capacity_blocks`` fed every request of ``trace`` in order."""
+    prompts = (
+        (tr.input_len, block_hashes_for_trace(tr.hash_ids, tr.input_len, TRACE_BLOCK_TOKENS, block_size))
+        for tr in trace
+    )
+    return lru_hit_ratio(prompts, capacity_blocks, block_size)
 
 
 CLASS_NAMES = CLASSES

@@ -87,3 +87,20 @@ def test_single_engine_sweep_is_keyed_by_level():
     r = sim("--profile", "gemma4-nvfp4", "--concurrency", "1,4", "--input-len", "512", "--output-len", "32")
     assert set(r) == {"1", "4"}
     assert r["4"]["output_tokens_per_s"] > r["1"]["output_tokens_per_s"]
+    for key in (
+        "requests",
+        "completed",
+        "rejected",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "itl_p50_ms",
+        "itl_p99_ms",
+        "prefix_hit_ratio",
+        "oracle_hit_ratio",
+        "infinite_hit_ratio",
+        "load_imbalance",
+        "slo_attainment",
+        "goodput_rps",
+    ):
+        assert key in r["1"]
+    assert r["4"]["infinite_hit_ratio"] == 0.0  # every prompt is distinct
