@@ -36,6 +36,7 @@ from gateway.core.limiter import ConcurrencyLimit, LimitSettings
 from gateway.core.queue import WaitQueue
 from gateway.core.request import RouteRequest
 from gateway.core.routing import Choice, Policy, make_policy
+from gateway.core.ttft_model import TTFTModel
 
 
 @dataclass(slots=True)
@@ -113,7 +114,7 @@ class Pool:
         self.engines: list[EngineState] = [EngineState(url, spec.name) for url in spec.engines]
         self.queue = WaitQueue()
         self.service_s: float | None = None
-        self.engine_ttft_s: float | None = None
+        self.ttft_model = TTFTModel()
 
     def healthy(self, exclude: Iterable[str] = ()) -> list[EngineState]:
         if exclude:
@@ -310,7 +311,8 @@ class Dispatcher:
 
     def _start_deadline(self, req: RouteRequest, pool: Pool) -> float:
         if req.budget.ttft_s is not None:
-            expected = pool.engine_ttft_s or 0.0
+            # Margin: the line predicts a typical first token, the budget bounds the p99.
+            expected = 1.2 * (pool.ttft_model.predict(req.prompt_tokens) or 0.0)
             return req.arrival + max(0.0, req.budget.ttft_s - expected)
         if req.budget.deadline_s is not None:
             return req.arrival + req.budget.deadline_s
@@ -486,7 +488,7 @@ class Dispatcher:
         engine_side = max(0.0, seconds - (dispatch.dispatched_at - dispatch.request.arrival))
         limit.ttft.observe(engine_side, now)
         pool = self.pools[dispatch.engine.pool]
-        pool.engine_ttft_s = engine_side if pool.engine_ttft_s is None else 0.9 * pool.engine_ttft_s + 0.1 * engine_side
+        pool.ttft_model.observe(dispatch.request.prompt_tokens, engine_side)
 
     def observe_itl(self, dispatch: Dispatch, seconds: float, now: float) -> None:
         limit = self.limits.get(dispatch.engine.id)
