@@ -73,6 +73,8 @@ class Dispatch:
     """Uncached prompt tokens counted in the engine's ``pending_prefill`` until the first token."""
     preemptible: bool = False
     done: bool = False
+    started: bool = False
+    """The engine has scheduled it (first token, or the end): its cache hits are counted."""
 
 
 @dataclass(slots=True, eq=False)
@@ -302,7 +304,7 @@ class Dispatcher:
         if not victims:
             return False
         victim = max(victims, key=lambda d: d.dispatched_at)
-        self._release(victim)
+        self._release(victim, ok=False)
         self._notices.append(Preempted(victim))
         home = self.pool_for(victim.request.cls)
         home.queue.push(victim.request, self._start_deadline(victim.request, home), now)
@@ -391,15 +393,20 @@ class Dispatcher:
             self._backfilled.setdefault(engine.id, []).append(dispatch)
         return dispatch
 
-    def _prefilled(self, dispatch: Dispatch) -> None:
+    def _prefilled(self, dispatch: Dispatch, ok: bool = True) -> None:
+        if not dispatch.started and ok:
+            dispatch.started = True
+            self.pools[dispatch.engine.pool].policy.started(
+                dispatch.engine.id, dispatch.predicted_cached_tokens, dispatch.request.prompt_tokens
+            )
         if dispatch.prefill_tokens:
             dispatch.engine.pending_prefill -= dispatch.prefill_tokens
             dispatch.prefill_tokens = 0
 
-    def _release(self, dispatch: Dispatch) -> None:
+    def _release(self, dispatch: Dispatch, ok: bool = True) -> None:
         dispatch.done = True
         dispatch.engine.finished(dispatch.request.cls)
-        self._prefilled(dispatch)
+        self._prefilled(dispatch, ok)
         backfilled = self._backfilled.get(dispatch.engine.id)
         if backfilled and dispatch in backfilled:
             backfilled.remove(dispatch)
@@ -408,7 +415,7 @@ class Dispatcher:
         if dispatch.done:
             # Already released (preempted): nothing to give back.
             return self._drain(now) if self.admission.enabled else []
-        self._release(dispatch)
+        self._release(dispatch, ok)
         if not self.admission.enabled:
             return []
         if ok:

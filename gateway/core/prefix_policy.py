@@ -18,8 +18,13 @@ Rules:
   blocks decides. So a prefix nobody has seen goes to the same engine from every replica
   (when loads are alike), and a conversation's later turns follow its first.
 - The engines' real prefix-cache counters keep the index honest: an engine whose real
-  hit ratio falls well below what the index predicted gets its modelled capacity shrunk;
-  a counter that goes backwards means the engine restarted with an empty cache.
+  hit ratio falls well below what the index predicted gets its modelled capacity shrunk
+  (another gateway replica or tenant fills the same cache); a counter that goes backwards
+  means the engine restarted with an empty cache. The engine counts a request's hits when
+  it schedules it, so a prediction is weighed when the request has started, not when it
+  was routed (under a queue the two sets differ and the index would shrink for nothing),
+  and only over a sample of prompt tokens worth ``honesty_share`` of the engine's cache: a
+  handful of long prompts says nothing about a cache of a million tokens.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ class PrefixAffinity:
         default_capacity_tokens: int = 1 << 20,
         max_sessions: int = 100_000,
         precise: bool = False,
+        honesty_share: float = 0.5,
     ) -> None:
         if load_factor < 1.0:
             raise ValueError("load_factor must be at least 1")
@@ -80,6 +86,7 @@ class PrefixAffinity:
         self.tolerance_tokens = tolerance_tokens
         self.rendezvous_blocks = rendezvous_blocks
         self.default_capacity_tokens = default_capacity_tokens
+        self.honesty_share = honesty_share
         self.index = AffinityIndex(default_capacity_tokens)
         # Precise mode: the index holds what the engines' KV events say, nothing guessed.
         self.precise = PreciseIndex(self.index) if precise else None
@@ -172,11 +179,15 @@ class PrefixAffinity:
             self.sessions.move_to_end(req.session)
             if len(self.sessions) > self.max_sessions:
                 self.sessions.popitem(last=False)
-        honesty = self._honesty[engine.id]
-        honesty.predicted_tokens += choice.predicted_cached_tokens
-        honesty.prompt_tokens += req.prompt_tokens
         self.predicted_tokens += choice.predicted_cached_tokens
         self.prompt_tokens += req.prompt_tokens
+
+    def started(self, engine_id: str, predicted_cached_tokens: int, prompt_tokens: int) -> None:
+        """The engine has scheduled a request routed with this prediction (its first token came)."""
+        honesty = self._honesty.get(engine_id)
+        if honesty is not None:
+            honesty.predicted_tokens += predicted_cached_tokens
+            honesty.prompt_tokens += prompt_tokens
 
     def hit_ratio_estimate(self) -> float:
         return self.predicted_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
@@ -222,9 +233,11 @@ class PrefixAffinity:
                 self.index.clear(engine.id)
             self._sync_capacity(engine)
         else:
+            if honesty.prompt_tokens < self.honesty_share * self._capacity_tokens(engine):
+                return  # too few started requests to judge yet: keep accumulating
             d_queries = queries - honesty.last_queries
             d_hits = hits - honesty.last_hits
-            if d_queries > 0 and honesty.prompt_tokens > 0 and self.precise is None:
+            if d_queries > 0 and self.precise is None:
                 real = d_hits / d_queries
                 predicted = honesty.predicted_tokens / honesty.prompt_tokens
                 capacity = self.index.capacity(engine.id)

@@ -29,6 +29,8 @@ class Policy(Protocol):
 
     def routed(self, req: RouteRequest, choice: Choice, now: float) -> None: ...
 
+    def started(self, engine_id: str, predicted_cached_tokens: int, prompt_tokens: int) -> None: ...
+
     def scraped(self, engine: EngineState) -> None: ...
 
     def forget(self, engine_id: str) -> None: ...
@@ -40,6 +42,9 @@ class _Stateless:
     """Policies that learn nothing from what they route."""
 
     def routed(self, req: RouteRequest, choice: Choice, now: float) -> None:
+        return None
+
+    def started(self, engine_id: str, predicted_cached_tokens: int, prompt_tokens: int) -> None:
         return None
 
     def scraped(self, engine: EngineState) -> None:

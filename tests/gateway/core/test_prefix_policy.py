@@ -138,3 +138,51 @@ def test_engine_restart_clears_what_the_index_believed():
     d.apply_scrape(engine.id, EngineMetrics(prefix_queries=10, prefix_hits=0), 2.0)  # counters reset
     follow = d.submit(request(1, conversation(1, 3)), 3.0)
     assert follow.reason != "affinity"
+
+
+def _cache_of(d: Dispatcher, engine_id: str) -> int:
+    return d.pools["interactive"].policy.index.capacity(engine_id)
+
+
+def _scrape_all(d: Dispatcher, now: float, queries: int = 0, hits: int = 0) -> None:
+    # 100 blocks of 16: a cache of 1,600 tokens, so a judgement needs 800 started prompt tokens.
+    metrics = EngineMetrics(prefix_queries=queries, prefix_hits=hits, block_size=16, num_blocks=100)
+    for engine in ENGINES:
+        d.apply_scrape(engine, metrics, now)
+
+
+def _repeat_turns(d: Dispatcher, start: int, count: int, finish: bool = True) -> tuple[set[str], int]:
+    """Route the same conversation again and again; returns where it went and the prompt tokens sent."""
+    engines, tokens = set(), 0
+    for i in range(start, start + count):
+        out = d.submit(request(i, conversation(7, 3)), float(i))
+        engines.add(out.engine.id)
+        tokens += out.request.prompt_tokens
+        if finish:
+            d.finish(out, float(i))
+    return engines, tokens
+
+
+def test_index_shrinks_when_the_engine_keeps_less_than_predicted():
+    d = dispatcher()
+    _scrape_all(d, 0.0)
+    engines, tokens = _repeat_turns(d, 1, 12)
+    assert len(engines) == 1 and tokens >= 800
+    engine = engines.pop()
+    # The engine served every one of those prompts without a single cache hit.
+    _scrape_all(d, 20.0, queries=tokens, hits=0)
+    assert _cache_of(d, engine) < 1600
+    assert all(_cache_of(d, other) == 1600 for other in ENGINES if other != engine)
+
+
+def test_index_keeps_its_capacity_on_too_small_a_sample_or_requests_not_yet_started():
+    d = dispatcher()
+    _scrape_all(d, 0.0)
+    _repeat_turns(d, 1, 2)  # well under half the cache: too few to judge
+    _scrape_all(d, 5.0, queries=200, hits=0)
+    assert all(_cache_of(d, engine) == 1600 for engine in ENGINES)
+    # Routed but still queued on the engine: the engine has not counted their hits yet,
+    # so their predictions do not count against it either.
+    _repeat_turns(d, 10, 12, finish=False)
+    _scrape_all(d, 30.0, queries=200, hits=0)
+    assert all(_cache_of(d, engine) == 1600 for engine in ENGINES)
