@@ -61,6 +61,8 @@ class PoolConfig:
     """Topics engines publish under that are neither their URL nor ``host:port``: topic -> engine URL."""
     model: str | None = None
     api_key: str | None = None
+    ca_file: str | None = None
+    """CA bundle that signs the engines' certificates (``https://`` engines); default: the system's."""
 
     @property
     def takes_priority(self) -> bool:

@@ -156,6 +156,7 @@ class Gateway:
             connect_timeout=self.config.connect_timeout_s,
             read_timeout=self.config.read_timeout_s,
             api_key=self.config.pools[pool].api_key,
+            ca_file=self.config.pools[pool].ca_file,
         )
 
     # -- lifecycle -------------------------------------------------------------------

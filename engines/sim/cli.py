@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-prompt-tokens-details", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this key (as vllm serve)")
+    p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (as vllm serve)")
     return p
 
 
@@ -105,4 +107,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         access_log=False,
         log_level=args.log_level,
         lifespan="on",
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_certfile=args.ssl_certfile,
     )

@@ -16,6 +16,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from urllib.parse import urlsplit
@@ -261,13 +262,17 @@ class EngineClient:
         read_timeout: float = 300.0,
         max_idle: int = 256,
         api_key: str | None = None,
+        ca_file: str | None = None,
     ) -> None:
         parts = urlsplit(base_url)
-        if parts.scheme != "http":
-            raise ValueError(f"only http:// engines are supported, got {base_url!r}")
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"engines must be http:// or https:// URLs, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or 80
+        # https: the system's trust store (SSL_CERT_FILE is honoured) or the given CA bundle,
+        # with the host name checked, as any HTTPS client would.
+        self._tls = ssl.create_default_context(cafile=ca_file) if parts.scheme == "https" else None
+        self.port = parts.port or (443 if self._tls else 80)
         self.prefix = parts.path.rstrip("/").encode()
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
@@ -283,10 +288,16 @@ class EngineClient:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(loop, self.read_timeout), self.host, self.port),
+                loop.create_connection(
+                    lambda: _Connection(loop, self.read_timeout),
+                    self.host,
+                    self.port,
+                    ssl=self._tls,
+                    server_hostname=self.host if self._tls else None,
+                ),
                 self.connect_timeout,
             )
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError: a bad certificate too
             raise ConnectError(f"cannot connect to {self.base_url}: {exc or type(exc).__name__}") from exc
         return conn
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -40,14 +41,14 @@ class Proc:
         )
         return self
 
-    def wait_ready(self, path: str = "/health", timeout: float = 30.0) -> Proc:
+    def wait_ready(self, path: str = "/health", timeout: float = 30.0, verify: ssl.SSLContext | bool = True) -> Proc:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.popen is not None
             if self.popen.poll() is not None:
                 raise RuntimeError(f"{self.cmd} exited with {self.popen.returncode}:\n{self.log()}")
             try:
-                if httpx.get(self.url + path, timeout=1.0).status_code == 200:
+                if httpx.get(self.url + path, timeout=1.0, verify=verify).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
