@@ -7,6 +7,9 @@ Two workloads through the gateway's own core (``gateway sim``), 8 simulated engi
 - many users sharing a few hot system prompts (Zipf popularity), the case where naive
   affinity piles up: hit ratio, and the highest engine load relative to the load bound.
 
+Each workload also runs the prefix policy in precise mode (``prefix_precise``: the engines' KV
+cache events instead of the gateway's guess) to show what the guess leaves on the table.
+
     python benchmarks/routing.py [--minutes M] [--out benchmarks/results/routing]
 
 Writes ``results.json`` (every run's full ``gateway sim`` output), ``summary.json`` (the checks)
@@ -30,6 +33,7 @@ from gateway.simulate.cli import run as run_sim  # noqa: E402
 MOONCAKE = str(ROOT / "benchmarks/traces/mooncake/conversation_trace.jsonl")
 HOT = "hot:rate=8,prompts=64,prompt_len=8192,user_len=512,output=128,zipf=1.1,minutes=10"
 POLICIES = "round_robin,least_loaded,prefix"
+PLOTTED = [*POLICIES.split(","), "prefix_precise"]
 
 
 def sim(argv: list[str]) -> dict:
@@ -45,17 +49,20 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    common = ["--engines", "8", "--profile", "h200-32b-fp8", "--policy", POLICIES, "--admission", "off"]
-    if args.minutes:
-        common += ["--minutes", str(args.minutes)]
+    common = ["--engines", "8", "--profile", "h200-32b-fp8", "--admission", "off"]
+    minutes = ["--minutes", str(args.minutes)] if args.minutes else []
     started = time.monotonic()
     results = {}
-    for rate in (1.0, 2.0):
-        print(f"routing: Mooncake at {rate:g}x ...", file=sys.stderr, flush=True)
-        results[f"mooncake_{rate:g}x"] = sim(["--trace", MOONCAKE, "--rate-scale", str(rate), *common])
-    print("routing: hot system prompts ...", file=sys.stderr, flush=True)
-    hot_common = [c for c in common if c not in ("--minutes", str(args.minutes))]
-    results["hot_prompts"] = sim(["--trace", HOT, *hot_common])
+    workloads = {
+        "mooncake_1x": ["--trace", MOONCAKE, "--rate-scale", "1", *minutes],
+        "mooncake_2x": ["--trace", MOONCAKE, "--rate-scale", "2", *minutes],
+        "hot_prompts": ["--trace", HOT],
+    }
+    for name, workload in workloads.items():
+        print(f"routing: {name} ...", file=sys.stderr, flush=True)
+        results[name] = sim([*workload, *common, "--policy", POLICIES])
+        precise = ["--policy", "prefix", "--policy-option", "precise=true", "--no-oracle"]
+        results[name]["prefix_precise"] = sim([*workload, *common, *precise])["prefix"]
     (out / "results.json").write_text(json.dumps(results, indent=2))
     summary = summarize(results)
     summary["wall_s"] = round(time.monotonic() - started, 1)
@@ -78,6 +85,9 @@ def summarize(results: dict) -> dict:
         row["infinite_hit_ratio"] = prefix["infinite_hit_ratio"]
         row["prefix_share_of_oracle"] = round(prefix["prefix_hit_ratio"] / prefix["oracle_hit_ratio"], 4)
         row["prefix_ttft_p99_over_round_robin"] = round(prefix["ttft_p99_ms"] / rr["ttft_p99_ms"], 4)
+        if "prefix_precise" in runs:
+            precise = runs["prefix_precise"]["prefix_hit_ratio"]
+            row["prefix_precise_share_of_oracle"] = round(precise / prefix["oracle_hit_ratio"], 4)
         pool = next(iter(prefix["by_pool"].values()))
         row["prefix_max_load_over_bound"] = pool.get("max_load_over_bound")
         summary[name] = row
@@ -93,11 +103,11 @@ def plot(results: dict, path: Path) -> None:
     except ImportError:
         return
     names = list(results)
-    policies = POLICIES.split(",")
+    policies = [p for p in PLOTTED if all(p in results[n] for n in names)]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    width = 0.25
+    width = 0.8 / len(policies)
     for i, policy in enumerate(policies):
-        xs = [n + (i - 1) * width for n in range(len(names))]
+        xs = [n + (i - (len(policies) - 1) / 2) * width for n in range(len(names))]
         axes[0].bar(xs, [results[n][policy]["prefix_hit_ratio"] for n in names], width, label=policy)
         axes[1].bar(xs, [results[n][policy]["ttft_p99_ms"] / 1000 for n in names], width, label=policy)
         axes[2].bar(xs, [results[n][policy]["load_imbalance"] for n in names], width, label=policy)

@@ -26,7 +26,10 @@ ROOT = xxh3_64_intdigest(b"gateway-precise-prefix")
 _UNLIMITED = 1 << 62
 
 
-def token_block_hashes(token_ids: Sequence[int], block_size: int, max_blocks: int = 1024) -> list[int]:
+DEFAULT_MAX_BLOCKS = 1024
+
+
+def token_block_hashes(token_ids: Sequence[int], block_size: int, max_blocks: int = DEFAULT_MAX_BLOCKS) -> list[int]:
     """Chained hashes of the full ``block_size``-token blocks of a token sequence."""
     n = min(len(token_ids) // block_size, max_blocks)
     if n == 0:

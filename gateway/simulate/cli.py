@@ -10,6 +10,7 @@ Two forms:
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
@@ -19,6 +20,7 @@ from typing import Any
 from engines.sim.profile import Profile, load_profile
 from gateway.core.classes import BATCH, INTERACTIVE, Budget
 from gateway.core.dispatcher import AdmissionSettings
+from gateway.core.prefix_policy import PrefixAffinity
 from gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup
 from gateway.simulate.report import summarize
 from gateway.simulate.traces import TraceRequest, load_trace, merge, parse_trace_arg
@@ -127,13 +129,25 @@ def _fresh(trace: list[TraceRequest]) -> list[TraceRequest]:
     return [TraceRequest(r.arrival, r.input_len, r.output_len, r.hash_ids, r.cls, r.source) for r in trace]
 
 
-def _policy_options(args: argparse.Namespace) -> dict[str, float]:
-    out = {}
+def _policy_options(args: argparse.Namespace) -> dict[str, float | bool]:
+    known = [name for name in inspect.signature(PrefixAffinity).parameters]
+    out: dict[str, float | bool] = {}
     for item in args.policy_option:
         key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"gateway sim: --policy-option takes KEY=VALUE, got {item!r}")
-        out[key.strip()] = float(value)
+        key, value = key.strip(), value.strip().lower()
+        if not sep or key not in known:
+            raise SystemExit(
+                f"gateway sim: --policy-option takes KEY=VALUE with KEY one of {', '.join(known)}; got {item!r}"
+            )
+        if value in ("true", "on", "yes", "false", "off", "no"):
+            out[key] = value in ("true", "on", "yes")
+            continue
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise SystemExit(
+                f"gateway sim: --policy-option {key} takes a number or true/false, got {value!r}"
+            ) from None
     return out
 
 

@@ -10,6 +10,10 @@ Rules:
   the dispatcher is polled every ``poll_s`` like the server's poll loop.
 - A batch flood keeps ``flood`` batch requests outstanding at all times, their lengths drawn
   from the traces; they stop arriving when the trace ends.
+- Precise prefix mode (policy option ``precise``): engines publish their KV cache events, which
+  reach the dispatcher at the end of the step that made them, and requests are hashed by
+  token blocks as the server hashes a tokenized prompt (the token ids are those the
+  simulated engine reports in its events).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 from engines.sim.core import EngineCore, EngineRequest, StepResult
 from engines.sim.kv_cache import lru_hit_ratio
 from engines.sim.profile import Profile
-from engines.sim.tokens import block_hashes_for_trace
+from engines.sim.tokens import block_hashes_for_trace, synthetic_token_ids
 from gateway.core.classes import BATCH, CLASSES, INTERACTIVE, Budget
 from gateway.core.dispatcher import (
     AdmissionSettings,
@@ -36,6 +40,8 @@ from gateway.core.dispatcher import (
     Rejection,
 )
 from gateway.core.engines import EngineMetrics
+from gateway.core.precise import DEFAULT_MAX_BLOCKS as PRECISE_MAX_BLOCKS
+from gateway.core.precise import token_block_hashes
 from gateway.core.prefix import chain_seed, hash_blocks
 from gateway.core.request import RouteRequest
 from gateway.simulate.traces import TRACE_BLOCK_TOKENS, TraceRequest
@@ -105,6 +111,7 @@ def _engine_id(rec: Record) -> str:
 class Cluster:
     def __init__(self, setup: ClusterSetup) -> None:
         self.setup = setup
+        self.precise = setup.policy == "prefix" and bool(setup.policy_options.get("precise"))
         specs = []
         self.engines: dict[str, SimEngine] = {}
         for pool in setup.pools:
@@ -122,7 +129,11 @@ class Cluster:
             )
             for i, engine_id in enumerate(ids):
                 core = EngineCore(
-                    pool.profile, model=MODEL, scheduling_policy=pool.scheduling_policy, seed=setup.seed * 1000 + i
+                    pool.profile,
+                    model=MODEL,
+                    scheduling_policy=pool.scheduling_policy,
+                    seed=setup.seed * 1000 + i,
+                    kv_events=self.precise,
                 )
                 self.engines[engine_id] = SimEngine(engine_id, pool.name, core)
         self.dispatcher = Dispatcher(
@@ -208,7 +219,6 @@ class Cluster:
         self._at(t, _ARRIVAL, (f"f{next(self._flood_ids)}", flood, True))
 
     def _arrive(self, rid: str, tr: TraceRequest, flood: bool) -> None:
-        text = tr.text()
         budget = self.setup.budgets.get(tr.cls, Budget())
         req = RouteRequest(
             rid,
@@ -217,12 +227,28 @@ class Cluster:
             self.now,
             prompt_tokens=tr.input_len,
             max_tokens=tr.output_len,
-            prefix=hash_blocks(text, self._seed),
+            prefix=[] if self.precise else hash_blocks(tr.text(), self._seed),
             budget=budget,
             restartable=tr.cls == BATCH,
         )
+        if self.precise:
+            req.block_tokens = self._block_size(tr.cls)
+            req.prefix = self._token_prefix(tr, req.block_tokens)
         self.records[rid] = Record(tr, req, flood=flood)
         self._handle([self.dispatcher.submit(req, self.now), *self.dispatcher.take_notices()])
+
+    def _block_size(self, cls: str) -> int:
+        home = self.dispatcher.home[cls]
+        return next(p.profile.block_size for p in self.setup.pools if p.name == home)
+
+    @staticmethod
+    def _token_prefix(tr: TraceRequest, block_size: int) -> list[int]:
+        """The token-block hashes the server would compute from this prompt's token ids."""
+        hashes = block_hashes_for_trace(tr.hash_ids, tr.input_len, TRACE_BLOCK_TOKENS, block_size)
+        ids: list[int] = []
+        for h in hashes[: min(tr.input_len // block_size, PRECISE_MAX_BLOCKS)]:
+            ids.extend(synthetic_token_ids(h, block_size))
+        return token_block_hashes(ids, block_size)
 
     def _handle(self, outcomes: list[Outcome]) -> None:
         for outcome in outcomes:
@@ -277,6 +303,8 @@ class Cluster:
     def _step_end(self, data: tuple[SimEngine, StepResult]) -> None:
         engine, result = data
         now = self.now
+        if result.kv_events:
+            self.dispatcher.apply_kv_events(engine.id, result.kv_events, now)
         finished: list[Record] = []
         for out in result.outputs:
             rid, _, incarnation = out.request_id.rpartition("#")

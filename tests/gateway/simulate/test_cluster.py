@@ -1,11 +1,13 @@
+import argparse
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
 
-from gateway.simulate.cluster import hit_ceiling
-from gateway.simulate.traces import TraceRequest
+from gateway.simulate.cli import add_arguments, build_setup
+from gateway.simulate.cluster import Cluster, hit_ceiling
+from gateway.simulate.traces import TraceRequest, load_trace
 
 ROOT = Path(__file__).parents[3]
 MOONCAKE = ROOT / "benchmarks" / "traces" / "mooncake" / "conversation_trace.jsonl"
@@ -104,3 +106,34 @@ def test_single_engine_sweep_is_keyed_by_level():
     ):
         assert key in r["1"]
     assert r["4"]["infinite_hit_ratio"] == 0.0  # every prompt is distinct
+
+
+def test_precise_mode_predicts_what_the_engines_really_serve_from_cache():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        ["--engines", "4", "--profile", "h200-32b-fp8", "--admission", "off", "--policy-option", "precise=true"]
+    )
+    trace = load_trace(MOONCAKE, "interactive", minutes=2)
+    out = Cluster(build_setup(args, "prefix", {"interactive"})).run(trace)
+    policy = out["policies"]["interactive"]
+    assert policy.precise is not None and policy.precise.unplaced == 0  # every KV event placed
+    records = [r for r in out["records"].values() if r.dispatch is not None]
+    assert len(records) > 300
+    predicted = sum(r.dispatch.predicted_cached_tokens for r in records)
+    real = sum(r.cached_tokens for r in records)
+    assert real > 100_000
+    assert abs(predicted - real) <= 0.1 * real
+    exact = sum(r.dispatch.predicted_cached_tokens == r.cached_tokens for r in records)
+    assert exact >= 0.9 * len(records)
+
+
+def test_bad_policy_options_are_refused_clearly():
+    for option, message in (("bogus=1", "KEY one of"), ("cache_weight=lots", "takes a number")):
+        out = subprocess.run(
+            [sys.executable, "-m", "gateway", "sim", "--trace", str(MOONCAKE), "--policy-option", option],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr
