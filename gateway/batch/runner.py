@@ -92,6 +92,7 @@ class BatchRunner:
         self._steps: set[str] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._gauges_at = 0.0
+        self._swept_at = 0.0
 
     @property
     def inflight(self) -> int:
@@ -154,11 +155,24 @@ class BatchRunner:
             if record is not None:
                 await self._advance(record)
         now = time.monotonic()
+        if now - self._swept_at >= self.settings.sweep_s:
+            self._swept_at = now
+            await self.sweep_expired()
         if now - self._gauges_at > 1.0:
             self._gauges_at = now
             counts = await self.store.batch_status_counts()
             for status in (VALIDATING, IN_PROGRESS, FINALIZING, COMPLETED, FAILED, EXPIRED, CANCELLING, CANCELLED):
                 self.metrics.batches.labels(status).set(counts.get(status, 0))
+
+    async def sweep_expired(self, limit: int = 500) -> int:
+        """Delete files whose time is up (any replica may sweep; deleting twice is harmless)."""
+        ids = await self.store.expired_files(int(time.time()), limit)
+        for file_id in ids:
+            await self.store.delete_file(file_id)
+            await self.blobs.delete_blob(file_id)
+        if ids:
+            log.info("files_expired", count=len(ids), first=ids[0])
+        return len(ids)
 
     async def _advance(self, record: BatchRecord) -> None:
         if record.id in self._steps:
@@ -341,8 +355,17 @@ class BatchRunner:
             return None
         body = jsonl(lines)
         await self.blobs.put_blob(file_id, body)
-        purpose = "batch_output"
+        now = int(time.time())
+        lifetime = record.output_expires_after_s or self.settings.file_retention_s
         await self.store.put_file(
-            FileRecord(file_id, record.owner, f"{record.id}_{kind}.jsonl", purpose, len(body), int(time.time()))
+            FileRecord(
+                file_id,
+                record.owner,
+                f"{record.id}_{kind}.jsonl",
+                "batch_output",
+                len(body),
+                now,
+                now + lifetime if lifetime else None,
+            )
         )
         return file_id

@@ -27,6 +27,26 @@ WINDOWS = ("24h",)
 PURPOSES = ("batch",)
 
 
+MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 30 * 86400
+
+
+def expires_after_seconds(value: Any, param: str) -> int:
+    """The seconds of an OpenAI expiration policy: ``{"anchor": "created_at", "seconds": N}``."""
+    if not isinstance(value, dict) or value.get("anchor") != "created_at":
+        raise ApiError(400, f"'{param}' must be {{'anchor': 'created_at', 'seconds': N}}", "invalid_value", param)
+    seconds = value.get("seconds")
+    if isinstance(seconds, str) and seconds.isdigit():
+        seconds = int(seconds)  # multipart form fields arrive as text
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not MIN_EXPIRY_S <= seconds <= MAX_EXPIRY_S:
+        raise ApiError(
+            400,
+            f"'{param}.seconds' must be an integer from {MIN_EXPIRY_S} (1 hour) to {MAX_EXPIRY_S} (30 days)",
+            "invalid_value",
+            param,
+        )
+    return seconds
+
+
 def _not_found(kind: str, object_id: str) -> ApiError:
     return ApiError(404, f"No such {kind} object: {object_id}", "not_found", "id")
 
@@ -56,7 +76,9 @@ class BatchService:
 
     # -- files ---------------------------------------------------------------------------
 
-    async def create_file(self, owner: str, filename: str, purpose: str, data: bytes) -> FileRecord:
+    async def create_file(
+        self, owner: str, filename: str, purpose: str, data: bytes, expires_after_s: int | None = None
+    ) -> FileRecord:
         if purpose not in PURPOSES:
             raise ApiError(
                 400,
@@ -74,7 +96,11 @@ class BatchService:
             data.decode("utf-8")
         except UnicodeDecodeError:
             raise ApiError(400, "the file must be UTF-8 encoded JSONL", "invalid_file", "file") from None
-        record = FileRecord("file-" + secrets.token_hex(12), owner, filename, purpose, len(data), int(time.time()))
+        now = int(time.time())
+        if expires_after_s is None and purpose == "batch" and self.settings.file_retention_s:
+            expires_after_s = self.settings.file_retention_s
+        expires_at = None if expires_after_s is None else now + expires_after_s
+        record = FileRecord("file-" + secrets.token_hex(12), owner, filename, purpose, len(data), now, expires_at)
         await self.blobs.put_blob(record.id, data)
         try:
             await self.store.put_file(record)
@@ -85,6 +111,8 @@ class BatchService:
 
     async def get_file(self, owner: str, file_id: str) -> FileRecord:
         record = await self.store.get_file(file_id)
+        if record is not None and record.expired(time.time()):
+            record = None  # gone for callers already, whether or not the sweep has run
         if record is None or record.owner != owner:
             raise _not_found("File", file_id)
         return record
@@ -104,7 +132,10 @@ class BatchService:
     async def list_files(
         self, owner: str, after: str | None, limit: int, descending: bool, purpose: str | None
     ) -> Page:
-        return await self.store.list_files(owner, after, limit, descending, purpose)
+        page = await self.store.list_files(owner, after, limit, descending, purpose)
+        now = time.time()
+        page.items = [f for f in page.items if not f.expired(now)]
+        return page
 
     # -- batches -------------------------------------------------------------------------
 
@@ -128,6 +159,9 @@ class BatchService:
                 "invalid_value",
                 "metadata",
             )
+        output_expires_after_s = None
+        if request.get("output_expires_after") is not None:
+            output_expires_after_s = expires_after_seconds(request["output_expires_after"], "output_expires_after")
         source = await self.get_file(owner, input_file_id)
         if source.purpose != "batch":
             raise ApiError(
@@ -143,6 +177,7 @@ class BatchService:
             created_at=now,
             expires_at=now + int(self.settings.completion_window_s),
             metadata=metadata,
+            output_expires_after_s=output_expires_after_s,
         )
         await self.store.create_batch(record)
         if self.runner is not None:

@@ -25,6 +25,12 @@ class BatchSettings:
     """Attempts of a line whose engine failed (5xx) before it is written as failed."""
     files_dir: str | None = None
     """Keep file bodies on this (shared) directory instead of in the store."""
+    file_retention_s: int = 30 * 86400
+    """Lifetime of ``purpose=batch`` uploads and of batch output and error files unless the
+    request sets ``expires_after`` / ``output_expires_after`` (OpenAI's default: 30 days);
+    0 keeps them until deleted. Other purposes are kept until deleted."""
+    sweep_s: float = 60.0
+    """How often a replica deletes expired files."""
 
     @classmethod
     def from_config(cls, section: dict[str, Any]) -> BatchSettings:
@@ -41,6 +47,6 @@ class BatchSettings:
                 values[name] = kind(value)
             except (TypeError, ValueError):
                 raise ValueError(f"batch.{name} must be a {kind.__name__}, got {value!r}") from None
-            if kind in (int, float) and values[name] <= 0:
+            if kind in (int, float) and (values[name] < 0 if name == "file_retention_s" else values[name] <= 0):
                 raise ValueError(f"batch.{name} must be positive, got {value!r}")
         return cls(**values)

@@ -10,6 +10,7 @@ from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 
 from gateway.auth import Principal
+from gateway.batch.service import expires_after_seconds
 from gateway.errors import ApiError
 from gateway.keys import caller_of
 from gateway.store.records import Page
@@ -73,6 +74,10 @@ def files_router(gateway: Gateway) -> APIRouter:
         async with request.form(max_files=1, max_fields=16) as form:
             upload = form.get("file")
             purpose = form.get("purpose")
+            expires_after_s = None
+            if form.get("expires_after[anchor]") is not None or form.get("expires_after[seconds]") is not None:
+                policy = {"anchor": form.get("expires_after[anchor]"), "seconds": form.get("expires_after[seconds]")}
+                expires_after_s = expires_after_seconds(policy, "expires_after")
             if not isinstance(upload, UploadFile):
                 raise ApiError(400, "'file' is required (a multipart file field)", "missing_required_parameter", "file")
             if not isinstance(purpose, str) or not purpose:
@@ -81,7 +86,7 @@ def files_router(gateway: Gateway) -> APIRouter:
                 raise ApiError(413, f"the file is {upload.size} bytes; the limit is {limit}", "file_too_large")
             data = await upload.read()
             filename = upload.filename or "upload.jsonl"
-        record = await service.create_file(owner, filename, purpose, data)
+        record = await service.create_file(owner, filename, purpose, data, expires_after_s)
         return json_response(record.to_api())
 
     @router.get("/v1/files")

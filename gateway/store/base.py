@@ -66,6 +66,10 @@ class Store(Blobs, Protocol):
 
     async def delete_file(self, file_id: str) -> bool: ...
 
+    async def expired_files(self, now: int, limit: int) -> list[str]:
+        """Ids of files whose ``expires_at`` has passed, oldest expiry first."""
+        ...
+
     async def list_files(
         self, owner: str, after: str | None, limit: int, descending: bool = True, purpose: str | None = None
     ) -> Page: ...

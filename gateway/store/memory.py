@@ -177,6 +177,10 @@ class MemoryStore:
         self._order.pop(file_id, None)
         return self._files.pop(file_id, None) is not None
 
+    async def expired_files(self, now: int, limit: int) -> list[str]:
+        due = sorted((f.expires_at, f.id) for f in self._files.values() if f.expired(now) and f.expires_at is not None)
+        return [file_id for _, file_id in due[:limit]]
+
     async def list_files(
         self, owner: str, after: str | None, limit: int, descending: bool = True, purpose: str | None = None
     ) -> Page:

@@ -29,6 +29,10 @@ class FileRecord:
     purpose: str
     bytes: int
     created_at: int
+    expires_at: int | None = None
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
 
     def to_api(self) -> dict[str, Any]:
         return {
@@ -40,7 +44,7 @@ class FileRecord:
             "purpose": self.purpose,
             "status": "processed",
             "status_details": None,
-            "expires_at": None,
+            "expires_at": self.expires_at,
         }
 
 
@@ -71,6 +75,8 @@ class BatchRecord:
     ending: str | None = None
     """The status finalizing leads to: completed, expired (or cancelled, from cancelling)."""
     model: str | None = None
+    output_expires_after_s: int | None = None
+    """Lifetime of the output and error files (``output_expires_after``); default: the settings'."""
 
     def to_api(self) -> dict[str, Any]:
         return {

@@ -11,7 +11,8 @@ Rules:
   claimed again by whoever asks next, so a dead replica's work is taken over.
 - Batch records are hashes of JSON-encoded fields; request counts move with HINCRBY.
   ``batches:active`` (sorted by creation) lists the batches runners look at;
-  ``files:by:<owner>`` and ``batches:by:<owner>`` index each owner's objects for listing.
+  ``files:by:<owner>`` and ``batches:by:<owner>`` index each owner's objects for listing;
+  ``files:expiry`` orders files by ``expires_at`` for the sweep that deletes them.
 - File bodies are Redis strings unless ``batch.files_dir`` puts them on a shared directory
   (see ``gateway.store.blobs``).
 - Connection failures surface as ``StoreUnavailable`` after a few quick retries; the client
@@ -311,6 +312,8 @@ class RedisStore:
             async with r.pipeline(transaction=True) as p:
                 p.set(self._k("file", record.id), _enc(asdict(record)))
                 p.zadd(self._k("files", "by", record.owner), {record.id: seq}, nx=True)
+                if record.expires_at is not None:
+                    p.zadd(self._k("files", "expiry"), {record.id: record.expires_at})
                 await p.execute()
 
     async def get_file(self, file_id: str) -> FileRecord | None:
@@ -325,8 +328,14 @@ class RedisStore:
         async with self._io() as r, r.pipeline(transaction=True) as p:
             p.delete(self._k("file", file_id))
             p.zrem(self._k("files", "by", record.owner), file_id)
-            deleted, _ = await p.execute()
+            p.zrem(self._k("files", "expiry"), file_id)
+            deleted, _, _ = await p.execute()
         return bool(deleted)
+
+    async def expired_files(self, now: int, limit: int) -> list[str]:
+        async with self._io() as r:
+            ids = await r.zrangebyscore(self._k("files", "expiry"), "-inf", now, start=0, num=limit)
+        return [i.decode() for i in ids]
 
     async def _page_ids(self, index: str, after: str | None, limit: int, descending: bool) -> list[str]:
         """Ids of ``index`` from just after ``after`` (none when ``after`` is unknown), up to ``limit``."""

@@ -37,7 +37,9 @@ def test_a_batch_completes_with_every_custom_id_once(stack, client):
     url = stack.gateways[0].url
     before = metric(url, "gateway_requests_total", **{"class": "batch", "status": "200"})
     lines = [chat_line(i, prefix=f"shared system prompt {i % 3} " * 8) for i in range(40)]
-    created = submit(client, lines, metadata={"job": "nightly"})
+    created = submit(
+        client, lines, metadata={"job": "nightly"}, output_expires_after={"anchor": "created_at", "seconds": 7200}
+    )
     assert created.status == "validating" and created.metadata == {"job": "nightly"}
     batch = wait_batch(client, created.id)
     assert batch.status == "completed", batch
@@ -53,6 +55,7 @@ def test_a_batch_completes_with_every_custom_id_once(stack, client):
         assert line["response"]["body"]["usage"]["completion_tokens"] == 4
     output_file = client.files.retrieve(batch.output_file_id)
     assert output_file.purpose == "batch_output" and output_file.bytes > 0
+    assert output_file.expires_at == output_file.created_at + 7200
     # Every line went through the gateway's own path as a batch-class request.
     assert metric(url, "gateway_requests_total", **{"class": "batch", "status": "200"}) == before + 40
     assert metric(url, "gateway_batch_requests_total", status="completed") >= 40
@@ -189,6 +192,16 @@ def test_bad_create_requests_are_4xx_in_openai_shape(stack, client):
             "metadata",
         ),
         ({"input_file_id": "file-nope", "endpoint": "/v1/completions", "completion_window": "24h"}, 404, None),
+        (
+            {
+                "input_file_id": file_id,
+                "endpoint": "/v1/completions",
+                "completion_window": "24h",
+                "output_expires_after": {"anchor": "created_at", "seconds": 10**9},
+            },
+            400,
+            "output_expires_after",
+        ),
     ]
     for body, status, param in cases:
         response = httpx.post(url, json=body)

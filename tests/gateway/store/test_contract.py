@@ -62,6 +62,19 @@ async def test_files_filter_by_purpose_and_delete(store):
     assert [f.id for f in (await store.list_files("k1", None, 10)).items] == ["file-3", "file-1"]
 
 
+async def test_expired_files_come_due_in_expiry_order_until_deleted(store):
+    for i, expires_at in ((1, 2050), (2, 2010), (3, None), (4, 5000)):
+        record = file(i)
+        record.expires_at = expires_at
+        await store.put_file(record)
+    assert await store.expired_files(1999, 10) == []
+    assert await store.expired_files(2050, 10) == ["file-2", "file-1"]
+    assert await store.expired_files(9999, 1) == ["file-2"]
+    assert (await store.get_file("file-4")).expires_at == 5000
+    await store.delete_file("file-2")
+    assert await store.expired_files(9999, 10) == ["file-1", "file-4"]
+
+
 async def test_blobs_round_trip(store):
     await store.put_blob("file-a", b"x" * 1000)
     assert await store.get_blob("file-a") == b"x" * 1000
