@@ -50,7 +50,10 @@ class _Honesty:
     predicted_tokens: float = 0.0
     prompt_tokens: float = 0.0
     last_queries: float = -1.0
+    """The counters when the current sample began."""
     last_hits: float = 0.0
+    seen_queries: float = -1.0
+    """The query counter at the previous scrape: one going back means a restart."""
 
 
 def rendezvous_weight(key: int, engine_id: str) -> int:
@@ -221,11 +224,12 @@ class PrefixAffinity:
         """Compare the engine's real prefix-cache counters with what the index predicted."""
         honesty = self._honesty.setdefault(engine.id, _Honesty())
         queries, hits = engine.prefix_queries, engine.prefix_hits
+        seen, honesty.seen_queries = honesty.seen_queries, queries
         if honesty.last_queries < 0:
             honesty.last_queries, honesty.last_hits = queries, hits
             self._sync_capacity(engine)
             return
-        if queries < honesty.last_queries:
+        if queries < seen:
             # Counters went back: the engine restarted and its cache is empty.
             if self.precise is not None:
                 self.precise.cleared(engine.id)

@@ -186,3 +186,15 @@ def test_index_keeps_its_capacity_on_too_small_a_sample_or_requests_not_yet_star
     _repeat_turns(d, 10, 12, finish=False)
     _scrape_all(d, 30.0, queries=200, hits=0)
     assert all(_cache_of(d, engine) == 1600 for engine in ENGINES)
+
+
+def test_a_restart_is_seen_between_two_scrapes_while_a_sample_is_still_small():
+    d = dispatcher()
+    out = d.submit(request(0, conversation(1, 2)), 0.0)
+    d.finish(out, 0.0)
+    engine = out.engine
+    d.apply_scrape(engine.id, EngineMetrics(prefix_queries=0, prefix_hits=0), 1.0)
+    d.apply_scrape(engine.id, EngineMetrics(prefix_queries=5000, prefix_hits=1000), 2.0)
+    d.apply_scrape(engine.id, EngineMetrics(prefix_queries=10, prefix_hits=0), 3.0)  # restarted since
+    follow = d.submit(request(1, conversation(1, 3)), 4.0)
+    assert follow.reason != "affinity"
