@@ -8,7 +8,9 @@ Two workloads through the gateway's own core (``gateway sim``), 8 simulated engi
   affinity piles up: hit ratio, and the highest engine load relative to the load bound.
 
 Each workload also runs the prefix policy in precise mode (``prefix_precise``: the engines' KV
-cache events instead of the gateway's guess) to show what the guess leaves on the table.
+cache events instead of the gateway's guess) to show what the guess leaves on the table; and
+Mooncake runs once more through two gateway replicas that share no state (``--replicas 2``),
+where each replica's guess sees only half the traffic but the engines' events reach both.
 
     python benchmarks/routing.py [--minutes M] [--out benchmarks/results/routing]
 
@@ -57,6 +59,7 @@ def main() -> None:
         "mooncake_1x": ["--trace", MOONCAKE, "--rate-scale", "1", *minutes],
         "mooncake_2x": ["--trace", MOONCAKE, "--rate-scale", "2", *minutes],
         "hot_prompts": ["--trace", HOT],
+        "mooncake_1x_2_replicas": ["--trace", MOONCAKE, "--rate-scale", "1", "--replicas", "2", *minutes],
     }
     for name, workload in workloads.items():
         print(f"routing: {name} ...", file=sys.stderr, flush=True)

@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None, help="override the profile's max_model_len")
     p.add_argument("--no-oracle", action="store_true", help="skip the pooled-cache ceilings (faster)")
     p.add_argument(
+        "--replicas", type=int, default=1, help="gateway replicas sharing no state, arrivals spread round robin"
+    )
+    p.add_argument(
         "--policy-option",
         action="append",
         default=[],
@@ -159,6 +162,7 @@ def build_setup(args: argparse.Namespace, policy: str, classes: set[str]) -> Clu
         "flood_until": args.minutes * 60.0 if args.minutes is not None else None,
         "seed": args.seed,
         "policy_options": _policy_options(args),
+        "replicas": args.replicas,
     }
     profiles = _split(args.profile, (INTERACTIVE, BATCH))
     counts = _split(args.engines, (INTERACTIVE, BATCH))

