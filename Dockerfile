@@ -1,6 +1,7 @@
 # The gateway, and the engine simulator that ships in the same package.
 #
 #   docker build -t priority-gateway .
+#   docker build --build-arg EXTRAS=[precise] -t priority-gateway .   # precise prefix mode (tokenizers)
 #   docker run -p 8080:8080 priority-gateway                   # embedded default: simulated engines
 #   docker run ... priority-gateway serve --config /etc/gateway/gateway.yaml
 #   docker run ... --entrypoint python priority-gateway -m engines.sim --host 0.0.0.0 --port 8000 ...
@@ -13,7 +14,8 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY engines ./engines
-RUN pip wheel --wheel-dir /wheels .
+ARG EXTRAS=""
+RUN pip wheel --wheel-dir /wheels ".${EXTRAS}"
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -130,7 +130,7 @@ def plot(results: dict, path: Path) -> None:
     axes[2].axhline(1.25, color="red", linestyle="--", linewidth=1)
     for ax in axes:
         ax.set_xticks(range(len(names)))
-        ax.set_xticklabels(names, fontsize=8)
+        ax.set_xticklabels([n.replace("_", " ") for n in names], fontsize=7, rotation=12)
     axes[0].legend(fontsize=7)
     fig.suptitle("8 engines (h200-32b-fp8), gateway core in virtual time, admission off")
     fig.tight_layout()
