@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+# Settings where 0 is meaningful: "never" (keep files until deleted).
+_ZERO_MEANS_NEVER = frozenset({"file_retention_s"})
+
 
 @dataclass(frozen=True, slots=True)
 class BatchSettings:
@@ -47,6 +50,8 @@ class BatchSettings:
                 values[name] = kind(value)
             except (TypeError, ValueError):
                 raise ValueError(f"batch.{name} must be a {kind.__name__}, got {value!r}") from None
-            if kind in (int, float) and (values[name] < 0 if name == "file_retention_s" else values[name] <= 0):
+            if kind in (int, float) and values[name] < 0:
+                raise ValueError(f"batch.{name} must not be negative, got {value!r}")
+            if kind in (int, float) and values[name] == 0 and name not in _ZERO_MEANS_NEVER:
                 raise ValueError(f"batch.{name} must be positive, got {value!r}")
         return cls(**values)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from engines.sim.core import EngineCore, EngineRequest, StepResult
@@ -143,14 +143,13 @@ class Cluster:
                 self.engines[engine_id] = SimEngine(engine_id, pool.name, core)
         self.dispatchers = [
             Dispatcher(
-                [replace(spec, policy_options=dict(spec.policy_options)) for spec in specs],
+                specs,
                 home=setup.home or None,
                 budgets={cls: b.itl_s for cls, b in setup.budgets.items()},
                 admission=setup.admission,
             )
             for _ in range(max(1, setup.replicas))
         ]
-        self.dispatcher = self.dispatchers[0]
         self._next_replica = itertools.count()
         self.records: dict[str, Record] = {}
         self._events: list[tuple[float, int, int, Any]] = []
@@ -204,7 +203,8 @@ class Cluster:
             "records": self.records,
             "engines": self.engines,
             "duration_s": self.now,
-            "policies": {name: pool.policy for name, pool in self.dispatcher.pools.items()},
+            # Replica 0's policies: the report reads their load-bound record.
+            "policies": {name: pool.policy for name, pool in self.dispatchers[0].pools.items()},
         }
 
     def _busy(self) -> bool:
@@ -251,7 +251,7 @@ class Cluster:
         self._handle([dispatcher.submit(req, self.now), *dispatcher.take_notices()])
 
     def _block_size(self, cls: str) -> int:
-        home = self.dispatcher.home[cls]
+        home = self.dispatchers[0].home[cls]
         return next(p.profile.block_size for p in self.setup.pools if p.name == home)
 
     @staticmethod
