@@ -163,8 +163,8 @@ def _cell(text: str) -> str:
 
 def _default(value: object) -> str:
     if isinstance(value, list | dict) and not value:
-        return f"`{'[]' if isinstance(value, list) else '{}'}`"
-    return f"`{shown(value).strip(chr(39))}`"
+        return "`[]`" if isinstance(value, list) else "`{}`"
+    return f"`{value}`" if isinstance(value, str) else f"`{shown(value)}`"
 
 
 def main() -> int:
