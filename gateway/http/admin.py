@@ -37,7 +37,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
 
     def check(request: Request) -> None:
         if not keys.admin_secret:
-            raise ApiError(403, "the admin API is off: set keys.admin (GATEWAY_KEYS__ADMIN)", "admin_disabled")
+            raise ApiError(403, "the admin API is off: set keys.admin (GATEWAY__KEYS__ADMIN)", "admin_disabled")
         authorization = request.headers.get("authorization")
         if not keys.is_admin(authorization.encode("latin-1") if authorization else None):
             raise ApiError(401, "this endpoint needs the admin key as 'Authorization: Bearer ...'", "invalid_api_key")

@@ -13,7 +13,7 @@ Rules:
 - Batch lines run in-process as their owner with a credential that never leaves the
   process (``internal_authorization``): batch class only, no per-minute limits, as
   OpenAI's Batch API keeps its own limits apart from the interactive ones.
-- ``keys.admin`` (usually from ``GATEWAY_KEYS__ADMIN``) guards the /admin/keys endpoints.
+- ``keys.admin`` (usually from ``GATEWAY__KEYS__ADMIN``) guards the /admin/keys endpoints.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gateway import log
 from gateway.auth import ANONYMOUS, Authenticator, Principal
+from gateway.config.sections import KeysConfig
 from gateway.core.classes import BATCH, CLASSES
 from gateway.errors import ApiError
 from gateway.store import Store, StoreUnavailable
@@ -100,18 +100,16 @@ class _Cached:
 
 
 class KeyAuthenticator:
-    def __init__(self, store: Store, settings: dict[str, Any] | None = None) -> None:
-        settings = settings or {}
+    def __init__(self, store: Store, settings: KeysConfig | None = None) -> None:
+        settings = settings or KeysConfig()
         self.store = store
-        mode = settings.get("required", "auto")
-        self._mode: bool | None = None if mode in (None, "auto") else bool(mode)
+        self._mode: bool | None = None if settings.required == "auto" else settings.required
         # Unknown until the store first answers: closed, so a replica that starts during a
         # store outage does not serve keyless callers a deployment with keys would refuse.
         self._any_keys: bool | None = None
-        self.cache_s = float(settings.get("cache_s", 5.0))
-        self.refresh_s = float(settings.get("refresh_s", 2.0))
-        admin = settings.get("admin")
-        self.admin_secret: str | None = str(admin) if admin else None
+        self.cache_s = settings.cache_s
+        self.refresh_s = settings.refresh_s
+        self.admin_secret: str | None = settings.admin or None
         self._internal = secrets.token_hex(16).encode()
         self._cache: dict[str, _Cached] = {}
         self._refresher: asyncio.Task[None] | None = None

@@ -4,12 +4,16 @@ compose config loads and names engines that exist."""
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gateway.config import load_config
 from tests.deploy.support import POOLS, REPO, compose_config, profile
+from tests.support.procs import Proc, free_port
 
 CORE = {"gateway", "redis"}
 
@@ -84,10 +88,10 @@ def test_gateway_config_loads_and_names_the_engines(profiles: tuple[str, ...]) -
     gateway = config["services"]["gateway"]
     config_path = gateway["command"][gateway["command"].index("--config") + 1]
     mount = next(v for v in gateway["volumes"] if v["target"] == config_path)
-    env = {k: v for k, v in gateway["environment"].items() if k.startswith("GATEWAY_")}
+    env = gateway["environment"]
     loaded = load_config(mount["source"], env=env)
     assert loaded.store == "redis://redis:6379/0"
-    assert loaded.keys["admin"]
+    assert loaded.keys.admin
     names = set()
     for name, service in config["services"].items():
         names.add(name)
@@ -99,7 +103,7 @@ def test_gateway_config_loads_and_names_the_engines(profiles: tuple[str, ...]) -
         assert host in names
         assert port == "8000"
         assert loaded.pools[pool].scheduling_policy == profile(pool)["gateway"]["scheduling_policy"]
-    assert gateway["ports"][0]["target"] == loaded.port
+    assert gateway["ports"][0]["target"] == loaded.listen.port
 
 
 def test_monitoring_mounts_exist() -> None:
@@ -108,3 +112,36 @@ def test_monitoring_mounts_exist() -> None:
         for volume in services[name]["volumes"]:
             if volume["type"] == "bind":
                 assert Path(volume["source"]).is_file(), volume["source"]
+
+
+def host_variables() -> set[str]:
+    """The variables docker-compose.yml reads from the host's shell (``${NAME:-default}``)."""
+    return set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", (REPO / "docker-compose.yml").read_text()))
+
+
+def test_the_gateway_serves_with_the_compose_environment_and_the_hosts_variables(
+    procs: list[Proc], tmp_path: Path
+) -> None:
+    """Its own variables (GATEWAY_PORT, GATEWAY_ADMIN_KEY, ...) set in the shell that runs
+    `gateway serve` are not configuration; the container's GATEWAY__* overrides are."""
+    assert {"GATEWAY_PORT", "GATEWAY_ADMIN_KEY", "GATEWAY_LOG_LEVEL"} <= host_variables()
+    gateway = compose_config("cpu")["services"]["gateway"]
+    config_path = gateway["command"][gateway["command"].index("--config") + 1]
+    mount = next(v for v in gateway["volumes"] if v["target"] == config_path)
+    port = free_port()
+    env = {
+        **{name: "from-the-host" for name in host_variables()},
+        **gateway["environment"],
+        # Only the addresses change: loopback, and no Redis or engines needed to answer /health.
+        "GATEWAY__LISTEN__HOST": "127.0.0.1",
+        "GATEWAY__LISTEN__PORT": str(port),
+        "GATEWAY__STORE": "memory",
+    }
+    args = [mount["source"] if arg == config_path else arg for arg in gateway["command"]]
+    proc = Proc([sys.executable, "-m", "gateway", *args], f"http://127.0.0.1:{port}", tmp_path / "gw.log", env=env)
+    procs.append(proc.start())
+    proc.wait_ready("/health")
+    admin_key = gateway["environment"]["GATEWAY__KEYS__ADMIN"]
+    assert httpx.get(proc.url + "/admin/keys", headers={"Authorization": f"Bearer {admin_key}"}).status_code == 200
+    assert httpx.get(proc.url + "/admin/keys", headers={"Authorization": "Bearer from-the-host"}).status_code == 401
+    assert "environment_not_read" in proc.log() and "GATEWAY_LOG_LEVEL" in proc.log()

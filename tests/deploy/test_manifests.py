@@ -234,10 +234,10 @@ def test_gateway_config_loads_with_the_pod_environment(overlay: str, tmp_path: P
 
     config = load_config(gateway_config_file(docs, tmp_path), env=gateway_env(deployment))
     assert config.store == "redis://redis:6379/0"
-    assert (config.host, config.port) == ("0.0.0.0", container(deployment)["ports"][0]["containerPort"])
-    assert config.classes["interactive"].pool == "interactive"
-    assert config.classes["batch"].pool == "batch"
-    assert config.keys["admin"] == "from-a-secret"
+    assert (config.listen.host, config.listen.port) == ("0.0.0.0", container(deployment)["ports"][0]["containerPort"])
+    assert config.classes.interactive.pool == "interactive"
+    assert config.classes.batch.pool == "batch"
+    assert config.keys.admin == "from-a-secret"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -278,7 +278,7 @@ def test_gateway_deployment(overlay: str) -> None:
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == str(spec["ports"][0]["containerPort"])
     assert pod_spec(deployment)["securityContext"]["runAsNonRoot"] is True
-    assert "GATEWAY_KEYS__ADMIN" in {e["name"] for e in spec["env"]}
+    assert "GATEWAY__KEYS__ADMIN" in {e["name"] for e in spec["env"]}
 
 
 def test_sim_overlay_generates_the_gateway_secret() -> None:
