@@ -22,9 +22,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# /var/lib/gateway: state the gateway keeps across restarts (keys.admin_file); owned by the
+# gateway user, so a volume mounted there starts writable by it.
 RUN groupadd --system --gid 10001 gateway \
     && useradd --system --uid 10001 --gid gateway --no-create-home --home-dir /nonexistent \
-       --shell /usr/sbin/nologin gateway
+       --shell /usr/sbin/nologin gateway \
+    && install -d -o 10001 -g 10001 -m 0700 /var/lib/gateway
 COPY --from=build /wheels /wheels
 RUN pip install /wheels/*.whl && rm -rf /wheels
 # Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
