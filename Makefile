@@ -48,7 +48,14 @@ report: $(STAMP)
 bench-routing: $(STAMP)
 	$(BIN)/python benchmarks/routing.py
 
+# wrk drives the load (Debian's package); the Rust vllm-router is installed from PyPI into
+# .venv-router when it is not on PATH, and left out of the comparison, with a message, if it cannot be.
 bench-relay: $(STAMP)
+	@command -v wrk >/dev/null 2>&1 || { echo "make bench-relay: needs wrk (Debian/Ubuntu: sudo apt-get install wrk)"; exit 2; }
+	@command -v vllm-router >/dev/null 2>&1 || [ -x .venv-router/bin/vllm-router ] || \
+	  { echo "make bench-relay: installing vllm-router into .venv-router"; \
+	    $(PYTHON) -m venv .venv-router && .venv-router/bin/pip install --quiet vllm-router; } || \
+	  echo "make bench-relay: vllm-router could not be installed: measuring the gateway against direct access only"
 	$(BIN)/python benchmarks/relay_overhead.py
 
 clean:
