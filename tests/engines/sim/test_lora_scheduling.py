@@ -1,9 +1,11 @@
 """LoRA in the engine model: the slot budget, swap costs, LRU slots, per-adapter prefix caching."""
 
+import random
 from dataclasses import replace
 
 import pytest
 
+from engines.sim import virtual
 from engines.sim.core import PRIORITY, EngineCore
 from engines.sim.kv_cache import BlockStored
 from engines.sim.lora import LoraAdapter
@@ -178,3 +180,27 @@ def test_lora_needs_enable_lora_and_a_rank_within_max_lora_rank():
         core.add_request(request("r", lora=A), 0.0)
     with pytest.raises(ValueError, match="LoRA rank 16"):
         core.add_lora(A)
+
+
+def test_virtual_time_runs_many_adapters_within_the_slot_budget():
+    """Zipf-popular adapters on one engine, driven by the virtual-time loop the cluster simulator uses."""
+    core = lora_core(max_loras=2, max_cpu_loras=4)
+    adapters = [LoraAdapter(f"a{i}", i + 1, f"/adapters/a{i}") for i in range(8)]
+    rng = random.Random(7)
+    weights = [1 / (i + 1) for i in range(len(adapters))]
+    arrivals = [
+        (i * 0.002, request(f"r{i}", prompt=8, max_tokens=6, lora=rng.choices(adapters, weights)[0]))
+        for i in range(200)
+    ]
+    widest = 0
+
+    def check(_: float, __: object) -> None:
+        nonlocal widest
+        widest = max(widest, len({s.req.lora for s in core._running if s.req.lora is not None}))
+
+    trace = virtual.run(core, arrivals, on_output=check)
+    assert sum(1 for _, o in trace.deliveries if o.finished) == 200
+    assert widest == 2
+    assert core.lora_slots is not None
+    assert 0 < core.lora_slots.swaps < 200 and core.lora_slots.loads >= 8
+    assert core.lora_info[("", "")] == pytest.approx(trace.end)
