@@ -210,6 +210,16 @@ class EngineCore:
         return len(self._seqs) - len(self._running)
 
     @property
+    def loaded_loras(self) -> list[str]:
+        """Names of the adapters in GPU slots, least recently used first (none without LoRA)."""
+        return [a.name for a in self.lora_slots.active] if self.lora_slots is not None else []
+
+    @property
+    def lora_swaps(self) -> int:
+        """Adapters copied into a GPU slot so far (at start, by the API and by steps)."""
+        return self.lora_slots.swaps if self.lora_slots is not None else 0
+
+    @property
     def num_waiting_deferred(self) -> int:
         """Waiting requests skipped by a transient constraint (the LoRA budget), as vLLM's ``deferred``."""
         return len(self._deferred)

@@ -3,11 +3,13 @@
 import random
 from dataclasses import replace
 
+import msgpack
 import pytest
 
 from engines.sim import virtual
 from engines.sim.core import PRIORITY, EngineCore
 from engines.sim.kv_cache import BlockStored
+from engines.sim.kv_events import encode_batch
 from engines.sim.lora import LoraAdapter
 from engines.sim.profile import LoraCosts
 
@@ -204,3 +206,21 @@ def test_virtual_time_runs_many_adapters_within_the_slot_budget():
     assert core.lora_slots is not None
     assert 0 < core.lora_slots.swaps < 200 and core.lora_slots.loads >= 8
     assert core.lora_info[("", "")] == pytest.approx(trace.end)
+
+
+def test_engine_state_reports_loaded_adapters_and_swaps():
+    core = lora_core(max_loras=2)
+    assert (core.loaded_loras, core.lora_swaps) == ([], 0)
+    for rid, adapter in (("1", A), ("2", B), ("3", C)):
+        core.add_request(request(rid, max_tokens=2, lora=adapter), 0.0)
+        run(core)
+    assert (core.loaded_loras, core.lora_swaps) == (["b", "c"], 3)
+    assert EngineCore(small_profile()).loaded_loras == []
+
+
+def test_kv_events_go_on_the_wire_with_the_adapter():
+    stored = BlockStored([1, 2], None, [0] * 8, 4, 3, "sql", [["sql", "salt"], ["sql"]])
+    event = msgpack.unpackb(encode_batch([stored], ts=1.0))[1][0]
+    assert (event["lora_id"], event["lora_name"], event["extra_keys"]) == (3, "sql", [["sql", "salt"], ["sql"]])
+    plain = msgpack.unpackb(encode_batch([BlockStored([1], None, [0] * 4, 4)], ts=1.0))[1][0]
+    assert (plain["lora_id"], plain["lora_name"], plain["extra_keys"]) == (None, None, [None])
