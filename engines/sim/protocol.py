@@ -89,6 +89,11 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def int_field(body: dict[str, Any], name: str, default: int | None) -> int | None:
+    """``body[name]`` as an int, parsed as pydantic's lax mode does (a 400 otherwise)."""
+    return _int_field(body, name, default)
+
+
 def missing_fields(body: dict[str, Any], names: tuple[str, ...]) -> None:
     """A 400 naming the required fields ``body`` lacks, worded as vLLM's request validation error."""
     missing = [name for name in names if name not in body]

@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from engines.sim import tokens
-from engines.sim.protocol import ApiError, ParsedRequest, _int_field, missing_fields
+from engines.sim.protocol import ApiError, ParsedRequest, int_field, missing_fields
 
 RESPONSES = "responses"
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -124,7 +124,7 @@ def parse_responses(body: dict[str, Any], reply_model: str, max_model_len: int, 
         raise not_found(str(previous))
     text = tokens.render_chat(prompt_messages(instructions, body["input"]))
     prompt_tokens = tokens.count_tokens(text)
-    limit = _int_field(body, "max_output_tokens", None)
+    limit = int_field(body, "max_output_tokens", None)
     if limit is not None and limit > max_model_len:
         raise ApiError(
             400,
@@ -155,7 +155,7 @@ def parse_responses(body: dict[str, Any], reply_model: str, max_model_len: int, 
         max_tokens=room if limit is None else min(limit, room),
         min_tokens=0,
         ignore_eos=False,
-        priority=_int_field(body, "priority", 0) or 0,
+        priority=int_field(body, "priority", 0) or 0,
         stream=bool(body.get("stream", False)),
         include_usage=False,
         continuous_usage=False,
