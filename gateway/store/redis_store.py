@@ -16,7 +16,9 @@ Rules:
 - File bodies are Redis strings unless ``batch.files_dir`` puts them on a shared directory
   (see ``gateway.store.blobs``).
 - Connection failures surface as ``StoreUnavailable`` after a few quick retries; the client
-  reconnects on the next call, so nothing needs restarting when Redis comes back.
+  reconnects on the next call, so nothing needs restarting when Redis comes back. So do the
+  refusals of a Redis that is up but cannot take writes (out of memory, a read-only replica,
+  a failed snapshot, loading, busy): they last until Redis is fixed, and retrying is safe.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
@@ -213,6 +216,18 @@ return 1
 )
 
 _TERMINAL_JSON = [orjson.dumps(s) for s in sorted(TERMINAL)]
+# Error codes of a Redis that is up but refuses work until an operator acts (or it settles).
+_CANNOT_SERVE = frozenset({"OOM", "READONLY", "MISCONF", "MASTERDOWN", "NOREPLICAS", "BUSY", "LOADING", "TRYAGAIN"})
+
+
+def _cannot_serve(exc: ResponseError) -> bool:
+    # redis-py strips the code from some errors (OutOfMemoryError, ReadOnlyError), keeps it in
+    # others, and puts the command before it when a pipeline's command failed.
+    if type(exc).__name__ in ("OutOfMemoryError", "ReadOnlyError"):
+        return True
+    text = str(exc)
+    _, pipeline, error = text.partition(" of pipeline caused error: ")
+    return (error if pipeline else text).lstrip("('\" ").split(" ", 1)[0] in _CANNOT_SERVE
 
 
 def _enc(value: Any) -> bytes:
@@ -273,6 +288,10 @@ class RedisStore:
             yield self.redis
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
+        except ResponseError as exc:
+            if _cannot_serve(exc):
+                raise StoreUnavailable(f"redis refused: {type(exc).__name__}: {exc}") from exc
+            raise
 
     async def ping(self) -> bool:
         try:
