@@ -34,6 +34,11 @@ class BatchSettings:
     0 keeps them until deleted. Other purposes are kept until deleted."""
     sweep_s: float = 60.0
     """How often a replica deletes expired files."""
+    file_quota_bytes: int = 1024**3
+    """What one API key's files (uploads and batch outputs) may take together; uploads and new
+    batches are refused at this size."""
+    file_quota_files: int = 1000
+    """How many files one API key may keep."""
 
     @classmethod
     def from_config(cls, section: dict[str, Any]) -> BatchSettings:

@@ -31,11 +31,12 @@ from typing import Any
 from gateway import log
 from gateway.auth import ANONYMOUS, Authenticator, Principal
 from gateway.core.classes import BATCH, CLASSES
-from gateway.errors import ApiError
+from gateway.errors import ApiError, excerpt
 from gateway.store import Store, StoreUnavailable
 from gateway.store.records import ApiKey
 
 SECRET_PREFIX = "sk-"
+MAX_NAME = 256
 _INTERNAL = b"Internal "
 
 
@@ -65,13 +66,18 @@ def new_key(
     name = name.strip()
     if not name:
         raise KeySpecError("a key needs a name")
+    if len(name) > MAX_NAME:
+        raise KeySpecError(f"a key's name has at most {MAX_NAME} characters")
     chosen = list(dict.fromkeys(c.strip().lower() for c in classes if c.strip()))
     unknown = [c for c in chosen if c not in CLASSES]
     if not chosen or unknown:
-        raise KeySpecError(f"classes must be some of {', '.join(CLASSES)}; got {', '.join(classes) or 'none'}")
+        got = excerpt(", ".join(classes)) if classes else "none"
+        raise KeySpecError(f"classes must be some of {', '.join(CLASSES)}; got {got}")
     default = (default_class or chosen[0]).lower()
     if default not in chosen:
-        raise KeySpecError(f"the default class {default!r} must be one of the key's classes ({', '.join(chosen)})")
+        raise KeySpecError(
+            f"the default class {excerpt(default)} must be one of the key's classes ({', '.join(chosen)})"
+        )
     for label, value in (("rpm", rpm), ("tpm", tpm)):
         if value is not None and value <= 0:
             raise KeySpecError(f"{label} must be a positive number")

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.gateway.batch.support import MODEL, chat_line, client_for, file_lines, start_stack, submit, wait_batch
+from tests.support.partial_body import post_unfinished
 from tests.support.procs import ROOT
 from tests.support.redis import RedisServer
 
@@ -207,6 +208,29 @@ def test_admin_endpoints_manage_keys_with_the_admin_key(env):
     assert_error(httpx.delete(f"{b}/admin/keys/key-nope", headers=admin), 404, "not_found")
     time.sleep(0.4)
     assert_error(chat(a, body["secret"]), 401, "invalid_api_key")
+
+
+def test_admin_input_is_bounded_and_never_echoed(env):
+    url = env["urls"][0]
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    cases = [
+        ({"name": "n" * 10_000}, "invalid_value"),
+        ({"name": "x", "classes": ["g" * 10_000]}, "invalid_value"),
+        ({"name": "x", "default_class": "d" * 10_000}, "invalid_value"),
+        ({"name": "x", "default_class": 5}, "invalid_value"),
+        ({"name": {"a": 1}}, "invalid_value"),
+    ]
+    for body, code in cases:
+        refused = httpx.post(url + "/admin/keys", json=body, headers=admin)
+        assert_error(refused, 400, code)
+        assert len(refused.text) < 400
+    assert_error(httpx.delete(f"{url}/admin/keys/key-{'x' * 10_000}", headers=admin), 404, "not_found")
+    assert len(httpx.delete(f"{url}/admin/keys/key-{'x' * 10_000}", headers=admin).text) < 400
+    huge = httpx.post(url + "/admin/keys", content=b"{" + b" " * 10_000_000 + b"}", headers=admin)
+    assert_error(huge, 413, "body_too_large")
+    # Sent without a length and never finished: the gateway stops reading at its limit and answers.
+    status, _, answer = post_unfinished(url, "/admin/keys", b'{"name": "', 1_000_000, admin)
+    assert (status, answer["error"]["code"]) == (413, "body_too_large")
 
 
 def test_one_replica_keeps_keys_in_a_file_and_requires_them_once_one_exists(procs, tmp_path):
