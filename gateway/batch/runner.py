@@ -18,6 +18,8 @@ Rules:
   exception while a batch is advanced, validated or finalised fails that batch with
   ``errors`` saying so (``batch_step_failed``), and an exception while a line runs fails
   that line: a fault that would repeat is never retried.
+- A batch whose owner's API key is revoked (or gone) is cancelled, with ``errors`` saying
+  why (``api_key_revoked``): nobody can read its results any more.
 """
 
 from __future__ import annotations
@@ -155,11 +157,18 @@ class BatchRunner:
                 await asyncio.wait_for(self._wake.wait(), self.settings.poll_s)
 
     async def _tick(self) -> None:
+        revoked: dict[str, bool] = {}
         for batch_id in await self.store.active_batches():
             try:
                 record = await self.store.get_batch(batch_id)
                 if record is None:
                     continue
+                if record.owner and record.status in (VALIDATING, IN_PROGRESS):
+                    if record.owner not in revoked:
+                        revoked[record.owner] = await self._revoked(record.owner)
+                    if revoked[record.owner]:
+                        await self._cancel_for_revoked_key(record)
+                        continue
                 await self._advance(record)
             except StoreUnavailable:
                 raise
@@ -245,6 +254,25 @@ class BatchRunner:
         if await self.store.update_batch(batch_id, statuses, status=FAILED, failed_at=int(time.time()), errors=[error]):
             await self.store.drop_lines(batch_id)
             log.warning("batch_failed", batch_id=batch_id, step=what, reason=type(exc).__name__)
+
+    # -- revoked keys --------------------------------------------------------------------
+
+    async def _revoked(self, owner: str) -> bool:
+        key = await self.store.get_key(owner)
+        return key is None or not key.active
+
+    async def _cancel_for_revoked_key(self, record: BatchRecord) -> None:
+        message = (
+            "The API key that created this batch was revoked: the batch was cancelled, "
+            "and its unfinished requests were not run."
+        )
+        error = {"code": "api_key_revoked", "message": message, "param": None, "line": None}
+        now = int(time.time())
+        if await self.store.update_batch(
+            record.id, [VALIDATING, IN_PROGRESS], status=CANCELLING, cancelling_at=now, errors=[error]
+        ):
+            log.info("batch_cancelled_key_revoked", batch_id=record.id, key_id=record.owner)
+            self.wake()
 
     # -- validation ----------------------------------------------------------------------
 
