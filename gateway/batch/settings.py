@@ -40,3 +40,8 @@ class BatchSettings:
     0 keeps them until deleted. Other purposes are kept until deleted."""
     sweep_s: Annotated[float, Gt(0)] = 60.0
     """How often a replica deletes expired files."""
+    file_quota_bytes: Annotated[int, Gt(0)] = 1024**3
+    """What one API key's files (uploads and batch outputs) may take together; uploads and new
+    batches are refused at this size."""
+    file_quota_files: Annotated[int, Gt(0)] = 1000
+    """How many files one API key may keep."""
