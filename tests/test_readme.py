@@ -41,6 +41,7 @@ NOT_RUN = {
     "GATEWAY__STORE=redis://localhost:6379/0 GATEWAY__POOLS__BATCH__POLICY=least_loaded"
     " gateway serve --config gateway.yaml",
     "gateway keys create --name nightly-jobs --classes batch --rpm 600 --tpm 2000000 --config gateway.yaml",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True python -m engines.sim --port 8001 --model /models/llama-8b \\",
     "gateway sim --profile gemma4-nvfp4 --concurrency 1,2,4,8,16,32 --json sweep.json",
     "gateway bench --url http://127.0.0.1:8080 --concurrency 1,2,4,8,16,32 --duration 30 --ramp-up 10 \\",
 }
