@@ -2,9 +2,11 @@
 #
 #   docker build -t priority-gateway .
 #   docker build --build-arg EXTRAS=[precise] -t priority-gateway .   # precise prefix mode (tokenizers)
-#   docker run -p 8080:8080 priority-gateway                   # embedded default: simulated engines
+#   docker run -p 127.0.0.1:8080:8080 priority-gateway         # embedded default: simulated engines
 #   docker run ... priority-gateway serve --config /etc/gateway/gateway.yaml
 #   docker run ... --entrypoint python priority-gateway -m engines.sim --host 0.0.0.0 --port 8000 ...
+#
+# Pushing it to a registry, and the workflow that publishes it on version tags: deploy/README.md.
 #
 # Two stages: the wheel is built with the build tools, the runtime image only installs it.
 
