@@ -9,7 +9,8 @@ says otherwise in an HTML comment on the line before the block:
   minutes of load, the test suite itself); the set of these is pinned below, so a new block is
   either run or added there on purpose.
 Only addresses change: the gateway listens on a free port instead of 8080
-(``GATEWAY__LISTEN__PORT``), and the blocks' ``127.0.0.1:8080`` says that port.
+(``GATEWAY__LISTEN__PORT``), and the blocks' ``127.0.0.1:8080`` says that port. Blocks run in a
+directory that links to every entry of the repository, so what they write stays out of it.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ NOT_RUN = {
     " gateway serve --config gateway.yaml",
     "gateway keys create --name nightly-jobs --classes batch --rpm 600 --tpm 2000000 --config gateway.yaml",
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True python -m engines.sim --port 8001 --model /models/llama-8b \\",
-    "gateway sim --profile gemma4-nvfp4 --concurrency 1,2,4,8,16,32 --json sweep.json",
+    "gateway sim --trace benchmarks/traces/mooncake/conversation_trace.jsonl --engines 8 --admission off \\",
     "gateway bench --url http://127.0.0.1:8080 --concurrency 1,2,4,8,16,32 --duration 30 --ramp-up 10 \\",
 }
 SERVES = {"make run"}
@@ -126,9 +127,22 @@ def gateway(procs: list[Proc], tmp_path_factory: pytest.TempPathFactory) -> Iter
     yield server.wait_ready("/ready", timeout=60)
 
 
-def expected_output(block: Block, stdout: str) -> None:
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The repository as the blocks see it, in a directory of its own."""
+    work = tmp_path_factory.mktemp("clone")
+    for entry in ROOT.iterdir():
+        if entry.name != ".git":
+            (work / entry.name).symlink_to(entry)
+    return work
+
+
+def expected_output(block: Block, stdout: str, workdir: Path) -> None:
     """What a reader would see, for the blocks whose output says whether they worked."""
-    if block.first.startswith("curl -s http://127.0.0.1:8080/v1/chat/completions"):
+    if block.first.startswith("gateway sim --profile"):
+        sweep = json.loads((workdir / "sweep.json").read_text())
+        assert list(sweep) == ["1", "2", "4", "8", "16", "32"]
+    elif block.first.startswith("curl -s http://127.0.0.1:8080/v1/chat/completions"):
         assert json.loads(stdout)["choices"][0]["message"]["content"]
     elif block.first.startswith("gateway config check"):
         assert stdout.strip().endswith("ok; pools: interactive (1), batch (1)")
@@ -142,14 +156,14 @@ def expected_output(block: Block, stdout: str) -> None:
 
 
 @pytest.mark.parametrize("block", [b for b in runnable() if b.kind is None], ids=lambda b: f"README.md:{b.line}")
-def test_the_block_runs_as_written(gateway: Proc, block: Block) -> None:
+def test_the_block_runs_as_written(gateway: Proc, workdir: Path, block: Block) -> None:
     port = gateway.url.rsplit(":", 1)[1]
     text = block.text.replace(ADDRESS, f"127.0.0.1:{port}")
     command = ["bash", "-e", "-o", "pipefail", "-c", text] if block.lang == "sh" else [sys.executable, "-c", text]
     env = environment(int(port))
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"README.md:{block.line} failed:\n{done.stdout}\n{done.stderr}\n{gateway.log()}"
-    expected_output(block, done.stdout)
+    expected_output(block, done.stdout, workdir)
 
 
 def test_the_license_is_the_one_pyproject_names() -> None:
