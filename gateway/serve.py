@@ -11,6 +11,7 @@ from gateway.config import Config, Raw, load_config
 from gateway.config.env import PREFIX, unread
 from gateway.embedded import EmbeddedEngines
 from gateway.http.app import GatewayApp
+from gateway.keys.admin import with_admin_key
 from gateway.runtime import Gateway
 
 # Pools from the environment make a configuration of their own, without a file.
@@ -64,6 +65,7 @@ async def serve(config_path: str | None, host: str | None, port: str | None, log
             log.warning(
                 "environment_not_read", variables=",".join(ignored), why=f"overrides are {PREFIX}<SECTION>__<KEY>"
             )
+        config = with_admin_key(config)
         gateway = Gateway(config)
         if embedded is not None:
             # uvicorn re-raises SIGTERM after its graceful shutdown, so a ``finally`` would not run:

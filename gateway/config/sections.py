@@ -284,8 +284,12 @@ class KeysConfig:
     file: str | None = None
     """With ``store: memory``: a JSON file that keeps the keys across restarts (one replica only)."""
     admin: str | None = None
-    """Bearer secret of the ``/admin/keys`` API; null: the admin API is off. Set it from the
-    environment (``GATEWAY__KEYS__ADMIN``), not in a file."""
+    """Bearer secret of the ``/admin/keys`` API; null: the admin API is off (unless ``admin_file`` is
+    set). Set it from the environment (``GATEWAY__KEYS__ADMIN``), not in a file."""
+    admin_file: str | None = None
+    """With ``admin`` unset: a file that holds the admin key. If it does not exist, the gateway
+    generates a random key at start, writes it there (mode 0600) and logs the file's path, never the
+    key; replicas sharing the file share the key."""
     required: bool | Literal["auto"] = "auto"
     """Whether ``/v1/*`` needs a key: ``auto`` as soon as one active key exists, or always
     (``true``), or never (``false``)."""

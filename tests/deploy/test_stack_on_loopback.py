@@ -32,14 +32,18 @@ def on_loopback(args: list[str], port: int) -> list[str]:
 
 
 def pod_env(docs: list[dict], deployment: dict) -> dict[str, str]:
+    """The container's variables as Kubernetes sets them: a variable from an optional Secret that
+    does not exist is left out."""
     env = {}
     for item in container(deployment)["env"]:
         if "value" in item:
             env[item["name"]] = item["value"]
-        else:
-            ref = item["valueFrom"]["secretKeyRef"]
-            secret = find(docs, "Secret", ref["name"])
-            env[item["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
+            continue
+        ref = item["valueFrom"]["secretKeyRef"]
+        secrets = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == ref["name"]]
+        assert secrets or ref.get("optional"), f"Secret {ref['name']} is neither in the overlay nor optional"
+        if secrets:
+            env[item["name"]] = base64.b64decode(secrets[0]["data"][ref["key"]]).decode()
     return env
 
 
