@@ -16,6 +16,7 @@ import yaml
 
 from gateway.batch.settings import BatchSettings
 from gateway.core.classes import BATCH, CLASSES, INTERACTIVE, Budget
+from gateway.limits import ClientLimits, Deadlines, settings_from
 
 ENV_PREFIX = "GATEWAY_"
 POLICY_NAMES = ("prefix", "least_loaded", "round_robin")
@@ -76,7 +77,6 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 8080
     store: str = "memory"
-    max_body_bytes: int = 10 * 1024 * 1024
     log_level: str = "info"
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 300.0
@@ -88,6 +88,8 @@ class Config:
     keys: dict[str, Any] = field(default_factory=dict)
     admission: dict[str, Any] = field(default_factory=dict)
     prefix: dict[str, Any] = field(default_factory=dict)
+    limits: ClientLimits = field(default_factory=ClientLimits)
+    deadlines: Deadlines = field(default_factory=Deadlines)
     embedded: bool = False
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -142,6 +144,7 @@ def parse_config(data: Mapping[str, Any]) -> Config:
         "keys",
         "admission",
         "prefix",
+        "limits",
     }
     unknown = set(data) - known
     if unknown:
@@ -161,7 +164,6 @@ def parse_config(data: Mapping[str, Any]) -> Config:
         host=str(listen.get("host", "127.0.0.1")),
         port=int(listen.get("port", 8080)),
         store=str(data.get("store") or "memory"),
-        max_body_bytes=int(data.get("max_body_bytes", 10 * 1024 * 1024)),
         log_level=str(data.get("log_level", "info")),
         connect_timeout_s=float(upstream.get("connect_timeout_s", 2.0)),
         read_timeout_s=float(upstream.get("read_timeout_s", 300.0)),
@@ -173,8 +175,28 @@ def parse_config(data: Mapping[str, Any]) -> Config:
         keys=_keys_section(data),
         admission=_section(data, "admission"),
         prefix=_section(data, "prefix"),
+        limits=_limits_section(data),
+        deadlines=_settings(Deadlines, upstream, "upstream"),
         raw=dict(data),
     )
+
+
+def _settings(cls: type[Any], section: Mapping[str, Any], where: str) -> Any:
+    try:
+        return settings_from(cls, section, where)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _limits_section(data: Mapping[str, Any]) -> ClientLimits:
+    section = _section(data, "limits")
+    unknown = set(section) - set(ClientLimits.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"limits: unknown keys {', '.join(sorted(unknown))}")
+    # The top-level max_body_bytes is the older spelling of limits.max_body_bytes.
+    if "max_body_bytes" in data and "max_body_bytes" not in section:
+        section = {**section, "max_body_bytes": data["max_body_bytes"]}
+    return _settings(ClientLimits, section, "limits")
 
 
 KEYS_OPTIONS = ("file", "admin", "required", "cache_s", "refresh_s")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import orjson
 
 ERROR_TYPES: dict[int, str] = {
@@ -67,3 +70,9 @@ def error_body(status: int, message: str, code: str | None = None, param: str | 
 def retry_after_value(seconds: float) -> bytes:
     # Retry-After takes whole seconds; never advertise 0, which invites a hot retry loop.
     return str(max(1, int(seconds + 0.999))).encode()
+
+
+async def send_error(send: Callable[[dict[str, Any]], Awaitable[None]], exc: ApiError) -> None:
+    """Answer an ASGI request with ``exc``."""
+    await send({"type": "http.response.start", "status": exc.status, "headers": exc.response_headers()})
+    await send({"type": "http.response.body", "body": exc.body()})

@@ -10,23 +10,25 @@ from gateway import log
 from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedEngines
 from gateway.http.app import GatewayApp
+from gateway.http.connection import fit_descriptors, protocol_class
+from gateway.limits import ClientLimits
 from gateway.runtime import Gateway
 
 
-def uvicorn_config(app: GatewayApp, host: str, port: int) -> uvicorn.Config:
+def uvicorn_config(app: GatewayApp, host: str, port: int, limits: ClientLimits) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=protocol_class(limits),
         lifespan="on",
         access_log=False,
         server_header=False,
         date_header=False,
         log_level="warning",
         backlog=4096,
-        timeout_keep_alive=75,
+        timeout_keep_alive=limits.keepalive_timeout_s,
     )
 
 
@@ -57,7 +59,8 @@ async def serve(config_path: str | None, host: str | None, port: int | None, log
             # uvicorn re-raises SIGTERM after its graceful shutdown, so a ``finally`` would not run:
             # stop the engines in the lifespan shutdown instead.
             gateway.on_stop.append(embedded.stop)
-        server = uvicorn.Server(uvicorn_config(GatewayApp(gateway), config.host, config.port))
+        limits = fit_descriptors(config.limits)
+        server = uvicorn.Server(uvicorn_config(GatewayApp(gateway), config.host, config.port, limits))
         log.info("listening", url=f"http://{config.host}:{config.port}", embedded=embedded is not None)
         if embedded is not None:
             print(_try_line(config.host, config.port, embedded.model), flush=True)

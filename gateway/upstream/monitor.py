@@ -22,7 +22,7 @@ import orjson
 from gateway import log
 from gateway.core.dispatcher import Dispatcher
 from gateway.upstream.discovery import resolve_engines
-from gateway.upstream.h1 import EngineClient, UpstreamError
+from gateway.upstream.h1 import EngineClient, OutOfDescriptors, UpstreamError
 from gateway.upstream.scrape import parse_vllm_metrics
 
 
@@ -140,6 +140,10 @@ class EngineMonitor:
         try:
             status, _ = await w.client.get(b"/health", timeout_s=self.health_timeout_s)
             ok, reason = status == 200, f"/health answered {status}"
+        except OutOfDescriptors as exc:
+            # This process is out of sockets, which says nothing about the engine.
+            log.warning("health_probe_skipped", engine=engine_id, reason=str(exc))
+            return
         except UpstreamError as exc:
             ok, reason = False, str(exc)
         if ok:

@@ -21,7 +21,7 @@ def test_minimal_config_gets_defaults(tmp_path):
     assert config.classes["batch"].pool == "batch"
     assert config.classes["interactive"].budget.ttft_s == 0.5
     assert config.classes["interactive"].budget.itl_s == 0.05
-    assert config.max_body_bytes == 10 * 1024 * 1024
+    assert config.limits.max_body_bytes == 10 * 1024 * 1024
     assert (config.host, config.port, config.store) == ("127.0.0.1", 8080, "memory")
 
 
