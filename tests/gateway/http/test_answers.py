@@ -94,10 +94,15 @@ def test_an_answer_cut_short_of_its_content_length_is_a_clean_502(gateway, clien
 
 
 def test_a_stream_cut_short_of_its_content_length_ends_with_an_error_event(gateway, client):
-    stream = chat(client, "shortstream", stream=True)
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=MESSAGES, max_tokens=4, stream=True, extra_headers={"x-request-id": "shortstream"}
+    )
+    # The engine's length is not ours to promise: the relay's framing is its own.
+    assert "content-length" not in raw.headers
     with pytest.raises(openai.APIError):
-        for _ in stream:
+        for _ in raw.parse():
             pass
+    time.sleep(0.5)  # the gateway logs after the client has seen the end
     assert "Exception in ASGI application" not in gateway.log()
     assert "Traceback" not in gateway.log()
 
