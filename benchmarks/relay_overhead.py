@@ -75,15 +75,23 @@ def start_engine(tmp: Path) -> Proc:
     return Proc(cmd, f"http://127.0.0.1:{port}", tmp / "engine.log").start().wait_ready()
 
 
-def start_gateway(tmp: Path, engine: str) -> Proc:
+def start_gateway(tmp: Path, engine: str, source: Path | None = None) -> Proc:
+    """The gateway of this checkout, or of the checkout at ``source`` (a baseline to compare with)."""
     port = free_port()
     config = tmp / "gateway.yaml"
     config.write_text(
         f"pools:\n  interactive:\n    engines: ['{engine}']\n  batch:\n    engines: ['{engine}']\nlog_level: warning\n"
     )
-    cmd = taskset("0", [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)])
-    proc = Proc(cmd, f"http://127.0.0.1:{port}", tmp / "gateway.log").start().wait_ready("/ready")
-    return proc
+    args = ["serve", "--config", str(config), "--port", str(port)]
+    if source is None:
+        cmd = [sys.executable, "-m", "gateway", *args]
+    else:
+        # The other checkout first on sys.path, ahead of this one.
+        run = "import sys, runpy; sys.path.insert(0, sys.argv.pop(1)); runpy.run_module('gateway', run_name='__main__')"
+        args = [str(source), *args]
+        cmd = [sys.executable, "-c", run, *args]
+    log = tmp / f"gateway-{port}.log"
+    return Proc(taskset("0", cmd), f"http://127.0.0.1:{port}", log).start().wait_ready("/ready")
 
 
 def start_router(tmp: Path, engine: str, router_bin: str) -> Proc:
@@ -119,6 +127,9 @@ def main() -> None:
         "--router-bin", default=shutil.which("vllm-router") or str(ROOT / ".venv-router/bin/vllm-router")
     )
     parser.add_argument("--targets", default="direct,gateway,vllm-router")
+    parser.add_argument(
+        "--baseline", default=None, help="also measure the gateway of this checkout (another commit), as 'baseline'"
+    )
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed: apt-get install wrk")
@@ -136,6 +147,11 @@ def main() -> None:
                 gw = start_gateway(tmp, engine.url)
                 procs.append(gw)
                 targets["gateway"] = gw.url
+            if args.baseline:
+                wanted.append("baseline")
+                base = start_gateway(tmp, engine.url, Path(args.baseline).resolve())
+                procs.append(base)
+                targets["baseline"] = base.url
             if "vllm-router" in wanted and Path(args.router_bin).exists():
                 router = start_router(tmp, engine.url, args.router_bin)
                 procs.append(router)
@@ -170,12 +186,16 @@ def main() -> None:
                 "rps_vs_direct": round(r["rps"] / d["rps"], 3),
             }
         summary[name] = s
+    if "gateway" in results and "baseline" in results:
+        gateway, baseline = results["gateway"], results["baseline"]
+        summary["gateway_vs_baseline_rps"] = {k: round(gateway[k]["rps"] / baseline[k]["rps"], 3) for k in gateway}
     if "gateway" in results and "vllm-router" in results:
         summary["gateway_vs_vllm_router_rps"] = {
             key: round(results["gateway"][key]["rps"] / results["vllm-router"][key]["rps"], 3)
             for key in results["gateway"]
         }
     report = {
+        "command": " ".join(["python", "benchmarks/relay_overhead.py", *sys.argv[1:]]),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "duration_s": args.duration,
         "cpus": os.cpu_count(),
@@ -199,7 +219,8 @@ def plot(results: dict[str, dict], path: Path) -> None:
     names = list(results)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key in zip(axes, keys, strict=True):
-        ax.bar(names, [results[n][key]["rps"] for n in names], color=["grey", "tab:blue", "tab:orange"][: len(names)])
+        colors = ["grey", "tab:blue", "tab:orange", "tab:green"][: len(names)]
+        ax.bar(names, [results[n][key]["rps"] for n in names], color=colors)
         ax.set_title(f"{key.replace('_', ', ')}: requests/s")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -1,8 +1,17 @@
 """The hot path: OpenAI inference requests in, engine bytes out.
 
 It parses only what routing needs (a handful of headers and the JSON body's model,
-prompt and stream flag), asks the core where to go, and relays the engine's bytes
-unchanged, timestamping streamed chunks for TTFT and inter-token latency.
+prompt and stream flag), asks the core where to go, and relays the engine's bytes,
+timestamping streamed chunks for TTFT and inter-token latency.
+
+Rules:
+- Only the raw body and the routing fields in ``RouteRequest`` outlive parsing; the bodies
+  waiting in a pool's queue together stay within ``limits.max_queued_bytes``.
+- A client that disconnects is noticed wherever its request is: queued (its place is freed
+  at once) or relayed (the engine connection is closed, so generation stops).
+- Every attempt has a total deadline; an engine answer that is not what the client asked for
+  (an error, not JSON, cut short) becomes an error in OpenAI's shape.
+- Any other exception is a logged 500 in OpenAI's shape; every dispatch is finished exactly once.
 """
 
 from __future__ import annotations

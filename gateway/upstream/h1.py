@@ -8,6 +8,9 @@ Rules:
 - A connection goes back to the pool only after its response was read to the end;
   anything else (client gone, error, timeout) aborts it, which is how the engine learns
   to stop generating.
+- The response's head must come within the read timeout, or within ``first_byte_timeout``
+  when the caller gives one; the body's reads each within the read timeout.
+- ``OutOfDescriptors`` means this process could not open a socket: not the engine's fault.
 - ``ConnectError`` means nothing reached the engine: safe to retry elsewhere. A request
   on a reused connection that the engine had already closed is retried once on a fresh
   connection, as no byte of it was processed.

@@ -2,7 +2,8 @@
 
 Rules:
 - An engine turns unhealthy after ``unhealthy_after`` failed probes in a row, or at once
-  when the relay cannot connect to it; one passing probe makes it healthy again.
+  when the relay cannot connect to it; one passing probe makes it healthy again. A probe this
+  process could not even open a socket for (out of descriptors) counts for nothing.
 - Scrapes run at their own, slower interval (vLLM's ``/metrics`` is not free to render).
 - The models an engine serves are read from its ``/v1/models`` until it answers once,
   then refreshed every ``models_every`` probes.
