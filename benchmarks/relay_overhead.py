@@ -67,6 +67,16 @@ def run_wrk(url: str, stream: bool, concurrency: int, duration: float, tmp: Path
     return result
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median throughput, with every round's figures kept beside it."""
+    ordered = sorted(runs, key=lambda r: r["rps"])
+    middle = dict(ordered[len(ordered) // 2])
+    if len(runs) > 1:
+        middle["rounds_rps"] = [round(r["rps"], 1) for r in runs]
+        middle["rounds_p50_us"] = [r["p50_us"] for r in runs]
+    return middle
+
+
 def start_engine(tmp: Path) -> Proc:
     port = free_port()
     cmd = taskset(
@@ -127,6 +137,7 @@ def main() -> None:
         "--router-bin", default=shutil.which("vllm-router") or str(ROOT / ".venv-router/bin/vllm-router")
     )
     parser.add_argument("--targets", default="direct,gateway,vllm-router")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat every measurement; medians are reported")
     parser.add_argument(
         "--baseline", default=None, help="also measure the gateway of this checkout (another commit), as 'baseline'"
     )
@@ -157,19 +168,26 @@ def main() -> None:
                 procs.append(router)
                 targets["vllm-router"] = router.url
             cases = [(stream, c) for stream in (False, True) for c in (1, 64)]
-            total = len(cases) * len(targets)
+            total = len(cases) * len(targets) * args.rounds
             n = 0
-            for stream, concurrency in cases:
-                for name, url in targets.items():
-                    if name not in wanted:
-                        continue
-                    n += 1
-                    key = f"{'stream' if stream else 'nostream'}_c{concurrency}"
-                    print(f"[{n}/{total}] {name:12s} {key} ...", end=" ", flush=True)
-                    run_wrk(url, stream, concurrency, 1.0, tmp)  # warm-up
-                    r = run_wrk(url, stream, concurrency, args.duration, tmp)
-                    results.setdefault(name, {})[key] = r
-                    print(f"{r['rps']:.0f} req/s, p50 {r['p50_us'] / 1000:.2f} ms, errors {r['errors'] + r['non2xx']}")
+            rounds: dict[str, dict[str, list[dict]]] = {}
+            # Rounds interleave the targets, so a noisy spell on the shared machine hits all of them.
+            for _ in range(args.rounds):
+                for stream, concurrency in cases:
+                    for name, url in targets.items():
+                        if name not in wanted:
+                            continue
+                        n += 1
+                        key = f"{'stream' if stream else 'nostream'}_c{concurrency}"
+                        print(f"[{n}/{total}] {name:12s} {key} ...", end=" ", flush=True)
+                        run_wrk(url, stream, concurrency, 1.0, tmp)  # warm-up
+                        r = run_wrk(url, stream, concurrency, args.duration, tmp)
+                        rounds.setdefault(name, {}).setdefault(key, []).append(r)
+                        errors = r["errors"] + r["non2xx"]
+                        print(f"{r['rps']:.0f} req/s, p50 {r['p50_us'] / 1000:.2f} ms, errors {errors}")
+            for name, keys in rounds.items():
+                for key, runs in keys.items():
+                    results.setdefault(name, {})[key] = median_run(runs)
         finally:
             for proc in reversed(procs):
                 proc.stop()

@@ -136,8 +136,10 @@ class GatewayApp:
                 # One route per resource, with or without the slash: no redirect to a Host we were told.
                 path = path.rstrip("/") or "/"
                 scope = {**scope, "path": path, "raw_path": scope.get("raw_path", b"").rstrip(b"/") or b"/"}
-            receive = await self.body_limits.guard(scope, receive, send)
-            if receive is None:
+            try:
+                receive = self.body_limits.bounded(scope, receive)
+            except ApiError as exc:
+                await send_error(send, exc)
                 return
             endpoint = ENDPOINTS.get(path)
             if endpoint is not None and scope["method"] == "POST":

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from gateway.errors import ApiError, send_error
+from gateway.errors import ApiError
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 _CLOSE = [(b"connection", b"close")]
@@ -31,8 +31,8 @@ class BodyLimits:
     def limit(self, path: str) -> int:
         return self.routes.get(path, self.default)
 
-    async def guard(self, scope: dict[str, Any], receive: Receive, send: Any) -> Receive | None:
-        """``receive`` bounded to the route's limit, or None when the request was answered 413."""
+    def bounded(self, scope: dict[str, Any], receive: Receive) -> Receive:
+        """``receive``, bounded to the route's limit; raises the 413 when the declared length is over it."""
         limit = self.limit(scope["path"])
         declared: int | None = None
         chunked = False
@@ -41,15 +41,12 @@ class BodyLimits:
                 declared = int(value) if value.isdigit() else None
             elif name == b"transfer-encoding":
                 chunked = True
-        if declared is not None and not chunked:
-            if declared <= limit:
-                # The server delivers no more than the declared length.
-                return receive
-            await send_error(send, too_large(limit))
-            return None
-        if not chunked:
-            return receive
-        return _counting(receive, limit)
+        if chunked:
+            return _counting(receive, limit)
+        if declared is not None and declared > limit:
+            raise too_large(limit)
+        # The server delivers no more than the declared length (and nothing without one).
+        return receive
 
 
 def _counting(receive: Receive, limit: int) -> Receive:

@@ -65,6 +65,8 @@ class GuardedProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._in_head = True
         self._head_bytes = 0
+        self._body_pending = False
+        self._upload = False
         self._timer: asyncio.TimerHandle | None = None
         self._refused = False
 
@@ -88,12 +90,20 @@ class GuardedProtocol(HttpToolsProtocol):
             return
         if self._in_head:
             self._head_bytes += len(data)
-            if self._timer is None:
-                self._arm(self.limits.header_timeout_s, self._head_timed_out)
         super().data_received(data)
-        if self._in_head and self._head_bytes > self.limits.max_header_bytes and not self._refused:
-            limit = self.limits.max_header_bytes
-            self._refuse(refusal(431, f"request headers exceed the limit of {limit} bytes", "headers_too_large"))
+        if self._refused:
+            return
+        # Timers only for what is still incomplete after this read: a request that arrives in
+        # one piece (the usual case) costs none. A running timer is never reset by more bytes.
+        if self._in_head:
+            if self._head_bytes > self.limits.max_header_bytes:
+                limit = self.limits.max_header_bytes
+                self._refuse(refusal(431, f"request headers exceed the limit of {limit} bytes", "headers_too_large"))
+            elif self._head_bytes and self._timer is None:
+                self._arm(self.limits.header_timeout_s, self._head_timed_out)
+        elif self._body_pending and self._timer is None:
+            seconds = self.limits.upload_timeout_s if self._upload else self.limits.body_timeout_s
+            self._arm(seconds, self._body_timed_out)
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn's answer to what httptools cannot parse, and ours to too many headers.
@@ -111,15 +121,17 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        self._disarm()
         self._in_head = False
         self._head_bytes = 0
-        upload = self.url.split(b"?", 1)[0].rstrip(b"/") in self.upload_paths
-        self._arm(self.limits.upload_timeout_s if upload else self.limits.body_timeout_s, self._body_timed_out)
+        self._body_pending = True
+        self._upload = self.url.split(b"?", 1)[0].rstrip(b"/") in self.upload_paths
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._disarm()
         self._in_head = True
+        self._body_pending = False
         super().on_message_complete()
 
     # -- limits ------------------------------------------------------------------------
@@ -145,13 +157,13 @@ class GuardedProtocol(HttpToolsProtocol):
     def _body_timed_out(self) -> None:
         self._timer = None
         cycle = self.cycle
-        if cycle is None or cycle.more_body is False:
+        if cycle is None or not self._body_pending:
             return
         log.info("client_body_timeout", path=self.url[:64].decode("latin-1"), client=str(self.client))
         if cycle.response_started:
             self._close()
             return
-        seconds = self.limits.body_timeout_s
+        seconds = self.limits.upload_timeout_s if self._upload else self.limits.body_timeout_s
         self._refuse(refusal(408, f"request body not received within {seconds:g} s", "request_timeout"))
 
     def _refuse(self, response: bytes) -> None:
