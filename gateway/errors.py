@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import orjson
 
 ERROR_TYPES: dict[int, str] = {
@@ -81,3 +84,9 @@ def excerpt(value: object, limit: int = 64) -> str:
     if isinstance(value, float) or (isinstance(value, int) and abs(value) < 10**limit):
         return repr(value)[:limit]
     return {dict: "an object", list: "an array", int: "a number"}.get(type(value), type(value).__name__)
+
+
+async def send_error(send: Callable[[dict[str, Any]], Awaitable[None]], exc: ApiError) -> None:
+    """Answer an ASGI request with ``exc``."""
+    await send({"type": "http.response.start", "status": exc.status, "headers": exc.response_headers()})
+    await send({"type": "http.response.body", "body": exc.body()})

@@ -223,7 +223,13 @@ class Gateway:
         try:
             return await fut
         except asyncio.CancelledError:
-            self.dispatcher.cancel(req, time.monotonic())
+            now = time.monotonic()
+            outcome = fut.result() if fut.done() and not fut.cancelled() else None
+            if isinstance(outcome, Dispatch):
+                # Our turn came in the same instant the waiter left: give the slot straight back.
+                self.settle(self.dispatcher.finish(outcome, now, ok=False))
+            else:
+                self.dispatcher.cancel(req, now)
             raise
         finally:
             self._waiters.pop(req.id, None)

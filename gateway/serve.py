@@ -11,27 +11,29 @@ from gateway.config import Config, Raw, load_config
 from gateway.config.env import PREFIX, unread
 from gateway.embedded import EmbeddedEngines
 from gateway.http.app import GatewayApp
+from gateway.http.connection import fit_descriptors, protocol_class
 from gateway.keys.admin import with_admin_key
+from gateway.limits import ClientLimits
 from gateway.runtime import Gateway
 
 # Pools from the environment make a configuration of their own, without a file.
 POOLS_OVERRIDE = PREFIX + "POOLS__"
 
 
-def uvicorn_config(app: GatewayApp, host: str, port: int) -> uvicorn.Config:
+def uvicorn_config(app: GatewayApp, host: str, port: int, limits: ClientLimits) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=protocol_class(limits),
         lifespan="on",
         access_log=False,
         server_header=False,
         date_header=False,
         log_level="warning",
         backlog=4096,
-        timeout_keep_alive=75,
+        timeout_keep_alive=limits.keepalive_timeout_s,
     )
 
 
@@ -72,7 +74,8 @@ async def serve(config_path: str | None, host: str | None, port: str | None, log
             # stop the engines in the lifespan shutdown instead.
             gateway.on_stop.append(embedded.stop)
         listen = config.listen
-        server = uvicorn.Server(uvicorn_config(GatewayApp(gateway), listen.host, listen.port))
+        limits = fit_descriptors(config.limits)
+        server = uvicorn.Server(uvicorn_config(GatewayApp(gateway), listen.host, listen.port, limits))
         log.info("listening", url=f"http://{listen.host}:{listen.port}", embedded=embedded is not None)
         if embedded is not None:
             print(_try_line(listen.host, listen.port, embedded.model), flush=True)

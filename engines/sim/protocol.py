@@ -76,7 +76,12 @@ def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | No
     else:
         kind, msg = "int_type", "Input should be a valid integer"
     detail = {"type": kind, "loc": ["body", name], "msg": msg, "input": value}
-    raise ApiError(400, orjson.dumps([detail]).decode(), name)
+    try:
+        message = orjson.dumps([detail]).decode()
+    except orjson.JSONEncodeError:
+        # Nested deeper than orjson writes (255 levels): say so rather than fail with a 500.
+        message = orjson.dumps([{**detail, "input": "<nested too deeply to show>"}]).decode()
+    raise ApiError(400, message, name)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

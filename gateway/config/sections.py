@@ -22,6 +22,7 @@ from gateway.core.limiter import LimitSettings
 from gateway.core.prefix import DEFAULT_BLOCK_CHARS
 from gateway.core.prefix_policy import PrefixAffinity
 from gateway.core.request import RouteRequest
+from gateway.limits import ClientLimits
 
 # The core's own defaults: the configuration refers to them rather than repeating them.
 _LIMITS = LimitSettings()
@@ -67,6 +68,28 @@ class UpstreamConfig:
     read_timeout_s: Seconds = 300.0
     """Longest silence from an engine while it answers (waiting for its headers, or between two
     chunks) before the request gets 504 (in a stream: a final error event)."""
+    first_byte_timeout_s: Seconds = 30.0
+    """Streamed requests: until the engine's first response byte. A non-streamed answer comes
+    whole at the end, so only the total deadline bounds it."""
+    deadline_factor: Annotated[float, Positive] = 4.0
+    """Interactive: the total deadline of one engine attempt is this many times (TTFT budget +
+    max_tokens x ITL budget) ..."""
+    min_deadline_s: Seconds = 10.0
+    """... but at least this ..."""
+    max_interactive_s: Seconds = 300.0
+    """... and at most this (also the deadline of a request without max_tokens). Batch requests
+    have their class's ``deadline_s``, counted from arrival."""
+
+    def attempt_s(self, budget: Budget, max_tokens: int | None, arrival: float, now: float) -> float:
+        """Seconds an attempt starting ``now`` may take, for a request with ``budget`` that arrived at ``arrival``."""
+        if budget.ttft_s is None and budget.itl_s is None:
+            if budget.deadline_s is None:
+                return self.max_interactive_s
+            return max(0.0, arrival + budget.deadline_s - now)
+        if max_tokens is None:
+            return self.max_interactive_s
+        derived = self.deadline_factor * ((budget.ttft_s or 0.0) + max_tokens * (budget.itl_s or 0.0))
+        return min(self.max_interactive_s, max(self.min_deadline_s, derived))
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,8 +332,8 @@ class Config:
     store: Annotated[str, STORE_URL] = "memory"
     """Shared state (queued batch lines, files, keys, rate windows): ``memory`` (one replica, lost at
     exit) or ``redis://HOST:PORT/DB`` (``rediss://``, ``unix://``), shared by every replica."""
-    max_body_bytes: Annotated[int, Positive] = 10 * 1024 * 1024
-    """Largest request body accepted on ``/v1/*`` (10 MiB); larger gets 413."""
+    max_body_bytes: Annotated[int, Positive] | None = None
+    """The older spelling of ``limits.max_body_bytes``, read when that is not set."""
     log_level: LogLevel = "info"
     """Level of the gateway's structured log on stderr (``--log-level`` overrides it)."""
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
@@ -322,6 +345,7 @@ class Config:
     prefix: PrefixConfig = field(default_factory=PrefixConfig)
     batch: BatchSettings = field(default_factory=BatchSettings)
     keys: KeysConfig = field(default_factory=KeysConfig)
+    limits: ClientLimits = field(default_factory=ClientLimits)
 
     def validated(self) -> Config:
         """Each class's pool resolved (its own name, else the first pool) and checked."""
@@ -334,7 +358,10 @@ class Config:
                 known = ", ".join(self.pools) or "none"
                 raise ConfigError(f"no pool named {pool!r} (pools: {known})", ["classes", name, "pool"])
             resolved[name] = replace(spec, pool=pool)
-        return replace(self, classes=ClassesConfig(**resolved))
+        limits = self.limits
+        if self.max_body_bytes is not None and limits.max_body_bytes == ClientLimits().max_body_bytes:
+            limits = replace(limits, max_body_bytes=self.max_body_bytes)
+        return replace(self, classes=ClassesConfig(**resolved), limits=limits)
 
     def home_pools(self) -> dict[str, str]:
         """Each class's pool (once there are pools)."""

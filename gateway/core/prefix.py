@@ -83,7 +83,8 @@ def hash_blocks(
     block_chars: int = DEFAULT_BLOCK_CHARS,
     max_blocks: int = DEFAULT_MAX_BLOCKS,
 ) -> list[int]:
-    data = text.encode("utf-8", "surrogatepass")
+    # Only the leading blocks are hashed: never encode more of a long prompt than they can hold.
+    data = text[: max_blocks * block_chars].encode("utf-8", "surrogatepass")
     n = min(len(data) // block_chars, max_blocks)
     hashes: list[int] = []
     h = seed

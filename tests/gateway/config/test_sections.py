@@ -33,7 +33,7 @@ def test_minimal_config_gets_defaults(tmp_path):
     assert config.classes.interactive.budget.ttft_s == 0.5
     assert config.classes.interactive.budget.itl_s == 0.05
     assert config.classes.batch.budget.deadline_s == 86400
-    assert config.max_body_bytes == 10 * 1024 * 1024
+    assert config.limits.max_body_bytes == 10 * 1024 * 1024
     assert (config.listen.host, config.listen.port, config.store) == ("127.0.0.1", 8080, "memory")
     assert (config.upstream.connect_timeout_s, config.upstream.read_timeout_s) == (2.0, 300.0)
     assert config.admission.enabled and config.keys.required == "auto" and config.keys.admin is None
