@@ -10,11 +10,14 @@ Rules:
 - A streamed response sends one chunk per engine step that gave the request tokens (the role
   chunk of a chat goes with the first tokens), then the usage chunk when asked, then ``[DONE]``.
 - The ``priority`` field is checked always but only reaches the engine under the priority policy.
+- With ``VLLM_SERVER_DEV_MODE=1`` (as vLLM), ``POST /reset_prefix_cache`` forgets every cached
+  block; like vLLM it answers 200 even when blocks still in use keep it from resetting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -57,6 +60,7 @@ class SimServer:
         self.metrics = MetricsPage(self.core, created=time.time())
         self.takes_priority = self.core.scheduling_policy == PRIORITY
         self.keep_token_ids = self.core.kv_events is not None
+        self.dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
         self._models = orjson.dumps(
             {
                 "object": "list",
@@ -105,6 +109,9 @@ class SimServer:
                 return await self._generate(COMPLETION, receive, send)
             if path == "/v1/embeddings":
                 return await self._embeddings(receive, send)
+            if path == "/reset_prefix_cache" and self.dev_mode:
+                self.core.cache.reset_prefix_cache()
+                return await _respond(send, 200, b"", [])
         elif method == "GET":
             if path == "/health":
                 return await _respond(send, 200, b"", [])

@@ -14,6 +14,7 @@ import inspect
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from gateway.core.dispatcher import AdmissionSettings
 from gateway.core.prefix_policy import PrefixAffinity
 from gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup
 from gateway.simulate.report import summarize
-from gateway.simulate.traces import TraceRequest, load_trace, merge, parse_trace_arg
+from gateway.simulate.traces import TraceRequest, load_trace, merge, parse_trace_arg, scale_blocks
 
 POLICIES = ("round_robin", "least_loaded", "prefix")
 
@@ -35,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="prefix", help=f"comma-separated routing policies: {', '.join(POLICIES)}")
     p.add_argument("--rate-scale", type=float, default=1.0, help="replay the trace X times faster")
     p.add_argument("--minutes", type=float, default=None, help="replay only the first M minutes")
+    p.add_argument(
+        "--trace-block-tokens", type=int, default=None, help="tokens per trace block (512 as published; fewer shrinks)"
+    )
     p.add_argument("--batch-flood", type=int, default=0, help="keep N batch requests outstanding")
     p.add_argument(
         "--flood-lengths",
@@ -93,7 +97,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     traces = []
     for arg in args.trace:
         path, cls = parse_trace_arg(arg)
-        traces.append(load_trace(path, cls, args.minutes))
+        loaded = load_trace(path, cls, args.minutes)
+        traces.append(scale_blocks(loaded, args.trace_block_tokens) if args.trace_block_tokens else loaded)
     trace = merge(traces, args.rate_scale)
     classes = {r.cls for r in trace} | ({BATCH} if args.batch_flood else set())
     flood_source = _flood_source(args, [r for t in traces for r in t])
@@ -129,7 +134,7 @@ def _flood_source(args: argparse.Namespace, traces: list[TraceRequest]) -> list[
 
 
 def _fresh(trace: list[TraceRequest]) -> list[TraceRequest]:
-    return [TraceRequest(r.arrival, r.input_len, r.output_len, r.hash_ids, r.cls, r.source) for r in trace]
+    return [replace(r) for r in trace]
 
 
 def _policy_options(args: argparse.Namespace) -> dict[str, float | bool]:

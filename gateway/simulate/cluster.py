@@ -47,7 +47,7 @@ from gateway.core.precise import DEFAULT_MAX_BLOCKS as PRECISE_MAX_BLOCKS
 from gateway.core.precise import token_block_hashes
 from gateway.core.prefix import chain_seed, hash_blocks
 from gateway.core.request import RouteRequest
-from gateway.simulate.traces import TRACE_BLOCK_TOKENS, TraceRequest
+from gateway.simulate.traces import TraceRequest
 
 MODEL = "sim-model"
 _ARRIVAL, _STEP_END, _POLL, _SCRAPE = 0, 1, 2, 3
@@ -225,6 +225,7 @@ class Cluster:
             tuple((1 << 50) + next(self._flood_ids) * 1000 + j for j in range(len(tr.hash_ids))),
             BATCH,
             "flood",
+            tr.block_tokens,
         )
         self._flood_open += 1
         self._at(t, _ARRIVAL, (f"f{next(self._flood_ids)}", flood, True))
@@ -257,7 +258,7 @@ class Cluster:
     @staticmethod
     def _token_prefix(tr: TraceRequest, block_size: int) -> list[int]:
         """The token-block hashes the server would compute from this prompt's token ids."""
-        hashes = block_hashes_for_trace(tr.hash_ids, tr.input_len, TRACE_BLOCK_TOKENS, block_size)
+        hashes = block_hashes_for_trace(tr.hash_ids, tr.input_len, tr.block_tokens, block_size)
         ids: list[int] = []
         for h in hashes[: min(tr.input_len // block_size, PRECISE_MAX_BLOCKS)]:
             ids.extend(synthetic_token_ids(h, block_size))
@@ -288,7 +289,7 @@ class Cluster:
         rec.dispatch = dispatch
         tr = rec.trace
         engine = self.engines[dispatch.engine.id]
-        hashes = block_hashes_for_trace(tr.hash_ids, tr.input_len, TRACE_BLOCK_TOKENS, engine.core.block_size)
+        hashes = block_hashes_for_trace(tr.hash_ids, tr.input_len, tr.block_tokens, engine.core.block_size)
         limit = engine.core.max_model_len
         prompt = min(tr.input_len, limit - 1)
         max_tokens = max(1, min(tr.output_len, limit - prompt))
@@ -381,8 +382,7 @@ def capacity_blocks(setup: ClusterSetup, pool: str) -> tuple[int, int]:
 def hit_ceiling(trace: list[TraceRequest], capacity_blocks: float, block_size: int) -> float:
     """Prefix hit ratio of one LRU cache of ``capacity_blocks`` fed every request of ``trace`` in order."""
     prompts = (
-        (tr.input_len, block_hashes_for_trace(tr.hash_ids, tr.input_len, TRACE_BLOCK_TOKENS, block_size))
-        for tr in trace
+        (tr.input_len, block_hashes_for_trace(tr.hash_ids, tr.input_len, tr.block_tokens, block_size)) for tr in trace
     )
     return lru_hit_ratio(prompts, capacity_blocks, block_size)
 
