@@ -143,6 +143,9 @@ class SimServer:
         except ApiError as exc:
             return await _respond(send, exc.status, exc.body())
         engine_req, reply_seed = self._engine_request(req)
+        delay = self.core.profile.timing.request_s(req.prompt_tokens)
+        if delay > 0:
+            await asyncio.sleep(delay)  # the API server's part, before the scheduler sees the request
         stream = self.driver.submit(engine_req, stream_tokens=req.stream)
         watcher = asyncio.get_running_loop().create_task(self._watch(receive, req.id))
         try:

@@ -36,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="prefix", help=f"comma-separated routing policies: {', '.join(POLICIES)}")
     p.add_argument("--rate-scale", type=float, default=1.0, help="replay the trace X times faster")
     p.add_argument("--minutes", type=float, default=None, help="replay only the first M minutes")
+    p.add_argument("--engines-per-device", type=int, default=1, help="engines sharing one GPU (taking turns on it)")
     p.add_argument(
         "--trace-block-tokens", type=int, default=None, help="tokens per trace block (512 as published; fewer shrinks)"
     )
@@ -168,6 +169,7 @@ def build_setup(args: argparse.Namespace, policy: str, classes: set[str]) -> Clu
         "seed": args.seed,
         "policy_options": _policy_options(args),
         "replicas": args.replicas,
+        "engines_per_device": args.engines_per_device,
     }
     profiles = _split(args.profile, (INTERACTIVE, BATCH))
     counts = _split(args.engines, (INTERACTIVE, BATCH))

@@ -299,3 +299,14 @@ def test_kv_events_from_a_binding_engine(engines):
         assert events[0]["block_hashes"] == tokens.block_hashes_for_text("b" * 64 * 3, 16)
     finally:
         sock.close(linger=0)
+
+
+def test_the_api_servers_share_delays_the_first_token(procs, tmp_path):
+    profile = tmp_path / "slow-front.yaml"
+    profile.write_text("engine: {max_model_len: 2048}\ntiming: {overhead_ms: 1.0, request_overhead_ms: 150.0}\n")
+    engine = start_engine(tmp_path, "--profile", str(profile))
+    procs.append(engine)
+    engine.wait_ready()
+    started = time.perf_counter()
+    client(engine.url).completions.create(model=MODEL, prompt=[300, 301, 302], max_tokens=1)
+    assert time.perf_counter() - started >= 0.150
