@@ -89,10 +89,24 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def int_field(body: dict[str, Any], name: str, default: int | None) -> int | None:
+    """``body[name]`` as an int, parsed as pydantic's lax mode does (a 400 otherwise)."""
+    return _int_field(body, name, default)
+
+
+def missing_fields(body: dict[str, Any], names: tuple[str, ...]) -> None:
+    """A 400 naming the required fields ``body`` lacks, worded as vLLM's request validation error."""
+    missing = [name for name in names if name not in body]
+    if not missing:
+        return
+    items = f"'<dict of {len(body)} items>'"
+    lines = [f"  {{'type': 'missing', 'loc': 'body.{n}', 'msg': 'Field required', 'input': {items}}}" for n in missing]
+    count = f"{len(missing)} validation error" + ("s" if len(missing) > 1 else "")
+    raise ApiError(400, "\n".join([f"{count}:", *lines]), f"body.{missing[0]}", "Bad Request")
+
+
 def parse_generate(body: dict[str, Any], kind: str, served_model: str, max_model_len: int, seed: int) -> ParsedRequest:
-    model = body.get("model") or served_model
-    if model != served_model:
-        raise ApiError(404, f"The model `{model}` does not exist.", "model")
+    """A generation request; ``served_model`` is the name its reply gives (the caller resolved ``model``)."""
     prompt_ids: list[int] | None = None
     if kind == CHAT:
         messages = body.get("messages")
@@ -289,9 +303,6 @@ def now_created() -> int:
 
 
 def embeddings_response(body: dict[str, Any], served_model: str, dims: int = 256) -> bytes:
-    model = body.get("model") or served_model
-    if model != served_model:
-        raise ApiError(404, f"The model `{model}` does not exist.", "model")
     inputs = body.get("input")
     if isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], int)):
         inputs = [inputs]

@@ -31,6 +31,7 @@ from gateway.core.prefix import (
 )
 from gateway.core.request import RouteRequest
 from gateway.errors import ApiError, error_body
+from gateway.ratelimit import Meter
 from gateway.tokenizers import prompt_token_ids
 from gateway.upstream.h1 import ConnectError, ReadTimeout, Response, UpstreamError
 
@@ -154,6 +155,7 @@ class Proxy:
         headers = _RequestHeaders(scope["headers"])
         request_id = headers.request_id or uuid.uuid4().hex
         cls, pool = "-", "-"
+        meter: Meter | None = None
         try:
             body = await self._read_body(receive, headers.content_length)
             parsed = self._parse(body, endpoint)
@@ -186,7 +188,8 @@ class Proxy:
                 self._hash_prompt(req, parsed)
             if principal is not None and self.gw.limiter is not None:
                 await self.gw.limiter.admit(principal, req)
-                send = self.gw.limiter.meter(principal, req, send)
+                meter = self.gw.limiter.meter(principal, req, send)
+                send = meter.send if meter is not None else send
             dispatch = await self._admit(req)
             pool = dispatch.pool
             while await self._relay(scope, receive, send, endpoint, dispatch, body, parsed, request_id, started):
@@ -196,6 +199,9 @@ class Proxy:
         except ApiError as exc:
             self._count(cls, pool, exc.status)
             await self._send_error(send, exc, cls, pool, request_id)
+        finally:
+            if meter is not None:
+                meter.close()  # a client gone mid-stream is charged for what it was sent
 
     # -- parsing -------------------------------------------------------------------
 

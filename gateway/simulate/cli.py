@@ -10,18 +10,18 @@ Two forms:
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from engines.sim.profile import Profile, load_profile
+from gateway.config import ClassesConfig, ConfigError, PrefixPolicyConfig, Raw
+from gateway.config.schema import build, convert
 from gateway.core.classes import BATCH, INTERACTIVE, Budget
 from gateway.core.dispatcher import AdmissionSettings
-from gateway.core.prefix_policy import PrefixAffinity
 from gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup
 from gateway.simulate.report import summarize
 from gateway.simulate.traces import TraceRequest, load_trace, merge, parse_trace_arg, scale_blocks
@@ -49,8 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--admission", choices=("on", "off"), default="on", help="SLO admission control")
     p.add_argument("--shared-pool", action="store_true", help="one FCFS pool for both classes (the naive baseline)")
-    p.add_argument("--ttft-ms", type=float, default=500.0, help="interactive TTFT p99 budget")
-    p.add_argument("--itl-ms", type=float, default=50.0, help="interactive ITL p99 budget")
+    interactive = ClassesConfig().interactive
+    p.add_argument("--ttft-ms", type=float, default=interactive.ttft_p99_ms, help="interactive TTFT p99 budget")
+    p.add_argument("--itl-ms", type=float, default=interactive.itl_p99_ms, help="interactive ITL p99 budget")
     p.add_argument("--num-blocks", type=int, default=None, help="override the profile's KV cache blocks")
     p.add_argument("--max-model-len", type=int, default=None, help="override the profile's max_model_len")
     p.add_argument("--no-oracle", action="store_true", help="skip the pooled-cache ceilings (faster)")
@@ -62,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="prefix policy setting, e.g. load_factor=2 (repeatable)",
+        help="prefix policy setting (prefix.policy in docs/configuration.md, or precise=true), e.g. load_factor=2",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--concurrency", default=None, help="single-engine closed-loop sweep: levels like 1,2,4,8")
@@ -138,26 +139,23 @@ def _fresh(trace: list[TraceRequest]) -> list[TraceRequest]:
     return [replace(r) for r in trace]
 
 
-def _policy_options(args: argparse.Namespace) -> dict[str, float | bool]:
-    known = [name for name in inspect.signature(PrefixAffinity).parameters]
-    out: dict[str, float | bool] = {}
+def _policy_options(args: argparse.Namespace) -> dict[str, object]:
+    """``--policy-option KEY=VALUE`` as the ``prefix.policy`` section of the configuration reads it,
+    plus ``precise`` (the simulator's stand-in for a pool's ``kv_events``)."""
+    given: dict[str, Raw] = {}
     for item in args.policy_option:
         key, sep, value = item.partition("=")
-        key, value = key.strip(), value.strip().lower()
-        if not sep or key not in known:
-            raise SystemExit(
-                f"gateway sim: --policy-option takes KEY=VALUE with KEY one of {', '.join(known)}; got {item!r}"
-            )
-        if value in ("true", "on", "yes", "false", "off", "no"):
-            out[key] = value in ("true", "on", "yes")
-            continue
-        try:
-            out[key] = float(value)
-        except ValueError:
-            raise SystemExit(
-                f"gateway sim: --policy-option {key} takes a number or true/false, got {value!r}"
-            ) from None
-    return out
+        if not sep:
+            raise ConfigError(f"expected KEY=VALUE, got {item!r}", source="--policy-option")
+        given[key.strip()] = Raw(value.strip(), "--policy-option")
+    precise = given.pop("precise", None)
+    try:
+        options: dict[str, object] = asdict(build(PrefixPolicyConfig, given, ("prefix", "policy")))
+    except ConfigError as exc:
+        raise exc.from_source("--policy-option") from None
+    if precise is not None:
+        options["precise"] = convert(bool, precise, ("precise",))
+    return options
 
 
 def build_setup(args: argparse.Namespace, policy: str, classes: set[str]) -> ClusterSetup:
