@@ -35,6 +35,9 @@ Scheduling rules (after ``vllm/v1/core/sched/scheduler.py``):
 - A request finishes with ``length`` at ``max_tokens`` (or ``max_model_len``), with ``stop`` at its
   natural end ``eos_at`` (not before ``min_tokens``, never with ``ignore_eos``), or with ``abort``.
 - ``priority`` is ignored under the FCFS policy (as vLLM).
+- Engines that share a ``SharedDevice`` (several engines on one GPU) take turns on it: a step's
+  device part starts when the device is free (in the order the steps asked for it) and after its
+  host part, or with it when the profile's host overlaps the device; the step ends when both have.
 - LoRA (``enable_lora``): a step's batch holds at most ``max_loras`` distinct adapters. Running
   requests are scheduled as above; a waiting request whose adapter is not among those already
   scheduled in this step while ``max_loras`` are is skipped (it keeps its place in the queue and
@@ -117,6 +120,18 @@ class StepResult:
 WAITING, RUNNING, FINISHED = 0, 1, 2
 
 
+@dataclass(slots=True)
+class SharedDevice:
+    """One GPU several engines run on: when its current work ends."""
+
+    free_at: float = 0.0
+
+    def run(self, ready: float, seconds: float) -> float:
+        """Device work of ``seconds`` that can start at ``ready``; when it ends."""
+        self.free_at = max(ready, self.free_at) + seconds
+        return self.free_at
+
+
 @dataclass(slots=True, eq=False)
 class _Seq:
     req: EngineRequest
@@ -159,6 +174,7 @@ class EngineCore:
         scheduling_policy: str = FCFS,
         seed: int = 0,
         kv_events: bool = False,
+        device: SharedDevice | None = None,
         enable_lora: bool = False,
         max_loras: int = 1,
         max_cpu_loras: int | None = None,
@@ -175,6 +191,7 @@ class EngineCore:
             enable_prefix_caching=enable_prefix_caching,
         )
         self.model = model
+        self.device = device
         self.scheduling_policy = scheduling_policy
         self.seed = seed
         self.block_size = profile.block_size
@@ -368,9 +385,15 @@ class EngineCore:
                 decode_tokens += n
                 decode_seqs += 1
                 spec_in_step = spec_in_step or n > 1
-        duration = self.profile.timing.step_s(prefill, decode_tokens, len(scheduled), context, pairs)
+        host, device = self.profile.timing.split_s(prefill, decode_tokens, len(scheduled), context, pairs)
         if spec_in_step:
-            duration *= self.profile.speculative.verify_cost_factor
+            host *= self.profile.speculative.verify_cost_factor
+            device *= self.profile.speculative.verify_cost_factor
+        overlap = self.profile.timing.host_overlaps_device
+        if self.device is not None:
+            duration = max(host, self.device.run(now if overlap else now + host, device) - now)
+        else:
+            duration = max(host, device) if overlap else host + device
         if self.lora_slots is not None:
             duration += self._pending_lora_s + self._lora_step_s(scheduled, result)
             self._pending_lora_s = 0.0

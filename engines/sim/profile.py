@@ -13,6 +13,16 @@ tokens (one per decoding sequence, ``1 + k`` with speculative decoding), ``S`` s
 ``memory`` is the memory-bound floor of a GPU step (weights and KV streamed once per step); a CPU
 profile leaves it at zero and the step is plain compute. A step that schedules nothing takes no time.
 
+The first two terms are the host's part of a step (scheduling, kernel launches), ``max(compute,
+memory)`` the device's: engines that share one GPU (``EngineCore(device=...)``) take turns on it
+for their device parts only. With ``host_overlaps_device`` the device runs kernels while the host
+is still launching them (a GPU in eager mode), and a step takes ``max(host, device)`` instead of
+their sum.
+
+Before a request reaches the engine's scheduler, the API server spends
+``request_overhead_ms + request_ms_per_prompt_token * prompt_tokens`` on it (parsing, input
+processing, the hop to the engine, cached tokens or not): it adds to TTFT but occupies no step.
+
 With LoRA enabled, a step also pays for its adapters (``lora`` section, ``LoraCosts``)::
 
     step += swap_in_ms * rank/16    for each adapter copied into a GPU slot this step
@@ -44,12 +54,22 @@ class Timing:
     prefill_attention_ms_per_mpair: float = 0.0
     """Attention of prefill chunks: per million (new token, attended token) pairs, so a long
     prompt's prefill grows with its square, as causal attention does."""
+    request_overhead_ms: float = 0.0
+    request_ms_per_prompt_token: float = 0.0
+    host_overlaps_device: bool = False
 
     def step_s(
         self, prefill_tokens: int, decode_tokens: int, seqs: int, context_tokens: int, prefill_pairs: float = 0.0
     ) -> float:
+        host, device = self.split_s(prefill_tokens, decode_tokens, seqs, context_tokens, prefill_pairs)
+        return max(host, device) if self.host_overlaps_device else host + device
+
+    def split_s(
+        self, prefill_tokens: int, decode_tokens: int, seqs: int, context_tokens: int, prefill_pairs: float = 0.0
+    ) -> tuple[float, float]:
+        """The step's host part and device part, in seconds."""
         if seqs == 0:
-            return 0.0
+            return 0.0, 0.0
         kctx = context_tokens / 1000.0
         compute = (
             self.prefill_ms_per_token * prefill_tokens
@@ -58,7 +78,11 @@ class Timing:
             + self.prefill_attention_ms_per_mpair * prefill_pairs / 1e6
         )
         memory = self.weights_ms + self.kv_read_ms_per_ktoken * kctx
-        return (self.overhead_ms + self.per_seq_ms * seqs + max(compute, memory)) / 1000.0
+        return (self.overhead_ms + self.per_seq_ms * seqs) / 1000.0, max(compute, memory) / 1000.0
+
+    def request_s(self, prompt_tokens: int) -> float:
+        """What the API server spends on a request before the scheduler sees it."""
+        return (self.request_overhead_ms + self.request_ms_per_prompt_token * prompt_tokens) / 1000.0
 
 
 @dataclass(slots=True, frozen=True)

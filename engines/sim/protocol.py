@@ -180,11 +180,14 @@ def parse_generate(body: dict[str, Any], kind: str, served_model: str, max_model
 
 
 def _completion_prompt(prompt: Any) -> tuple[str | None, list[int] | None]:
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one prompt; ``[5]`` is one token id
     if isinstance(prompt, str):
         return prompt, None
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        for token in prompt:
+            if not 0 <= token < tokens.VOCAB_SIZE:
+                raise ApiError(400, f"Token id {token} is out of vocabulary", "prompt")
         return None, prompt
     if prompt is None:
         raise ApiError(400, "Field required: prompt", "prompt")

@@ -13,11 +13,14 @@ Rules:
 - A streamed response sends one chunk per engine step that gave the request tokens (the role
   chunk of a chat goes with the first tokens), then the usage chunk when asked, then ``[DONE]``.
 - The ``priority`` field is checked always but only reaches the engine under the priority policy.
+- With ``VLLM_SERVER_DEV_MODE=1`` (as vLLM), ``POST /reset_prefix_cache`` forgets every cached
+  block; like vLLM it answers 200 even when blocks still in use keep it from resetting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
@@ -67,6 +70,7 @@ class SimServer:
         self.metrics = MetricsPage(self.core, created=time.time(), wall_offset=time.time() - driver.clock())
         self.takes_priority = self.core.scheduling_policy == PRIORITY
         self.keep_token_ids = self.core.kv_events is not None
+        self.dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
         self._created = protocol.now_created()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -101,6 +105,9 @@ class SimServer:
                 return await self._responses(receive, send)
             if path == "/v1/embeddings":
                 return await self._embeddings(receive, send)
+            if path == "/reset_prefix_cache" and self.dev_mode:
+                self.core.cache.reset_prefix_cache()
+                return await _respond(send, 200, b"", [])
             if self.models.runtime_updating and path == "/v1/load_lora_adapter":
                 return await self._lora_admin(receive, send, self._load_lora)
             if self.models.runtime_updating and path == "/v1/unload_lora_adapter":
@@ -184,6 +191,9 @@ class SimServer:
     ) -> None:
         """Run one request in the engine while ``reply(stream, reply_seed)`` answers the client."""
         engine_req, reply_seed = self._engine_request(req, adapter)
+        delay = self.core.profile.timing.request_s(req.prompt_tokens)
+        if delay > 0:
+            await asyncio.sleep(delay)  # the API server's part, before the scheduler sees the request
         stream = self.driver.submit(engine_req, stream_tokens=req.stream)
         watcher = asyncio.get_running_loop().create_task(self._watch(receive, req.id))
         try:

@@ -27,7 +27,15 @@ from gateway import log
 from gateway.core.classes import Budget, ClassificationError, classify
 from gateway.core.dispatcher import Dispatch, Outcome, Queued, Rejection
 from gateway.core.precise import token_block_hashes
-from gateway.core.prefix import chain_seed, estimate_tokens, hash_blocks, prompt_text
+from gateway.core.prefix import (
+    TokenPromptError,
+    chain_seed,
+    estimate_tokens,
+    hash_blocks,
+    hash_token_blocks,
+    prompt_text,
+    token_prompt,
+)
 from gateway.core.request import RouteRequest
 from gateway.errors import ApiError, error_body
 from gateway.http.answers import engine_error, is_event_stream, is_json, json_object, not_json
@@ -268,18 +276,31 @@ class Proxy:
         )
         req.max_tokens = max_tokens_of(parsed)
         if endpoint.hashes_prompt:
-            precise = self.gw.precise.get(self.gw.dispatcher.home[cls])
+            self._hash_prompt(req, parsed)
+        return req
+
+    def _hash_prompt(self, req: RouteRequest, parsed: dict[str, Any]) -> None:
+        try:
+            precise = self.gw.precise.get(self.gw.dispatcher.home[req.cls])
             if precise is not None:
                 token_ids = prompt_token_ids(precise.tokenizer, parsed)
                 req.prompt_tokens = len(token_ids)
                 req.block_tokens = precise.block_size()
                 req.prefix = token_block_hashes(token_ids, req.block_tokens)
-            else:
-                text = prompt_text(parsed)
-                req.prompt_tokens = estimate_tokens(text)
-                req.prefix = hash_blocks(text, chain_seed(model, parsed.get("cache_salt")), self.gw.block_chars)
-                req.block_tokens = self.gw.block_tokens
-        return req
+                return
+            seed = chain_seed(req.model, parsed.get("cache_salt"))
+            req.block_tokens = self.gw.block_tokens
+            token_ids = token_prompt(parsed)
+            if token_ids is not None:
+                # Token ids: exact length, blocks of the engine's own size; no text estimate.
+                req.prompt_tokens = len(token_ids)
+                req.prefix = hash_token_blocks(token_ids, seed, req.block_tokens)
+                return
+        except TokenPromptError as exc:
+            raise ApiError(400, str(exc), "invalid_value", "prompt") from None
+        text = prompt_text(parsed)
+        req.prompt_tokens = estimate_tokens(text)
+        req.prefix = hash_blocks(text, seed, self.gw.block_chars)
 
     def _model(self, parsed: dict[str, Any]) -> str:
         model = parsed.get("model")

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from gateway.core.classes import BATCH, INTERACTIVE, Budget
 from gateway.core.dispatcher import AdmissionSettings
 from gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup
 from gateway.simulate.report import summarize
-from gateway.simulate.traces import TraceRequest, load_trace, merge, parse_trace_arg
+from gateway.simulate.traces import TraceRequest, load_trace, merge, parse_trace_arg, scale_blocks
 
 POLICIES = ("round_robin", "least_loaded", "prefix")
 
@@ -36,6 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="prefix", help=f"comma-separated routing policies: {', '.join(POLICIES)}")
     p.add_argument("--rate-scale", type=float, default=1.0, help="replay the trace X times faster")
     p.add_argument("--minutes", type=float, default=None, help="replay only the first M minutes")
+    p.add_argument("--engines-per-device", type=int, default=1, help="engines sharing one GPU (taking turns on it)")
+    p.add_argument(
+        "--trace-block-tokens", type=int, default=None, help="tokens per trace block (512 as published; fewer shrinks)"
+    )
     p.add_argument("--batch-flood", type=int, default=0, help="keep N batch requests outstanding")
     p.add_argument(
         "--flood-lengths",
@@ -95,7 +99,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     traces = []
     for arg in args.trace:
         path, cls = parse_trace_arg(arg)
-        traces.append(load_trace(path, cls, args.minutes))
+        loaded = load_trace(path, cls, args.minutes)
+        traces.append(scale_blocks(loaded, args.trace_block_tokens) if args.trace_block_tokens else loaded)
     trace = merge(traces, args.rate_scale)
     classes = {r.cls for r in trace} | ({BATCH} if args.batch_flood else set())
     flood_source = _flood_source(args, [r for t in traces for r in t])
@@ -131,7 +136,7 @@ def _flood_source(args: argparse.Namespace, traces: list[TraceRequest]) -> list[
 
 
 def _fresh(trace: list[TraceRequest]) -> list[TraceRequest]:
-    return [TraceRequest(r.arrival, r.input_len, r.output_len, r.hash_ids, r.cls, r.source) for r in trace]
+    return [replace(r) for r in trace]
 
 
 def _policy_options(args: argparse.Namespace) -> dict[str, object]:
@@ -162,6 +167,7 @@ def build_setup(args: argparse.Namespace, policy: str, classes: set[str]) -> Clu
         "seed": args.seed,
         "policy_options": _policy_options(args),
         "replicas": args.replicas,
+        "engines_per_device": args.engines_per_device,
     }
     profiles = _split(args.profile, (INTERACTIVE, BATCH))
     counts = _split(args.engines, (INTERACTIVE, BATCH))

@@ -82,10 +82,12 @@ class Proc:
         return self.popen is not None and self.popen.poll() is None
 
 
-def start_engine(tmp: Path, *args: str, model: str = "sim-model", port: int | None = None) -> Proc:
+def start_engine(
+    tmp: Path, *args: str, model: str = "sim-model", port: int | None = None, env: dict[str, str] | None = None
+) -> Proc:
     port = port or free_port()
     cmd = [sys.executable, "-m", "engines.sim", "--host", "127.0.0.1", "--port", str(port), "--model", model, *args]
-    return Proc(cmd, f"http://127.0.0.1:{port}", tmp / f"engine-{port}.log").start()
+    return Proc(cmd, f"http://127.0.0.1:{port}", tmp / f"engine-{port}.log", env=env).start()
 
 
 def start_gateway(tmp: Path, config: dict, env: dict[str, str] | None = None, port: int | None = None) -> Proc:
