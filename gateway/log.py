@@ -1,12 +1,21 @@
-"""Structured logs: one line per event, ``key=value`` pairs after the event name."""
+"""Structured logs: one line per event, ``key=value`` pairs after the event name.
+
+Rules:
+- While a request is handled, ``REQUEST_ID`` holds its ``x-request-id`` (set where the request
+  starts, in its own task), and every line logged meanwhile carries it as ``request_id``; a line
+  that names a request itself keeps its own.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
 import time
+from contextvars import ContextVar
 
 _logger = logging.getLogger("gateway")
+
+REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 
 def _quote(value: object) -> str:
@@ -38,6 +47,9 @@ def setup(level: str = "info") -> None:
 
 def event(name: str, level: int = logging.INFO, exc_info: bool = False, **fields: object) -> None:
     if _logger.isEnabledFor(level):
+        request_id = REQUEST_ID.get()
+        if request_id is not None and "request_id" not in fields:
+            fields = {"request_id": request_id, **fields}
         _logger.log(level, name, extra={"fields": fields}, exc_info=exc_info)
 
 
