@@ -85,13 +85,12 @@ def start_engine(tmp: Path) -> Proc:
     return Proc(cmd, f"http://127.0.0.1:{port}", tmp / "engine.log").start().wait_ready()
 
 
-def start_gateway(tmp: Path, engine: str, source: Path | None = None) -> Proc:
+def start_gateway(tmp: Path, engine: str, source: Path | None = None, log_level: str = "warning") -> Proc:
     """The gateway of this checkout, or of the checkout at ``source`` (a baseline to compare with)."""
     port = free_port()
     config = tmp / "gateway.yaml"
-    config.write_text(
-        f"pools:\n  interactive:\n    engines: ['{engine}']\n  batch:\n    engines: ['{engine}']\nlog_level: warning\n"
-    )
+    pools = f"pools:\n  interactive:\n    engines: ['{engine}']\n  batch:\n    engines: ['{engine}']\n"
+    config.write_text(pools + f"log_level: {log_level}\n")
     args = ["serve", "--config", str(config), "--port", str(port)]
     if source is None:
         cmd = [sys.executable, "-m", "gateway", *args]
@@ -141,6 +140,11 @@ def main() -> None:
     parser.add_argument(
         "--baseline", default=None, help="also measure the gateway of this checkout (another commit), as 'baseline'"
     )
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        help="the gateways' log_level: info writes an access line per request (default: warning, none)",
+    )
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed: apt-get install wrk")
@@ -155,12 +159,12 @@ def main() -> None:
         try:
             wanted = args.targets.split(",")
             if "gateway" in wanted:
-                gw = start_gateway(tmp, engine.url)
+                gw = start_gateway(tmp, engine.url, log_level=args.log_level)
                 procs.append(gw)
                 targets["gateway"] = gw.url
             if args.baseline:
                 wanted.append("baseline")
-                base = start_gateway(tmp, engine.url, Path(args.baseline).resolve())
+                base = start_gateway(tmp, engine.url, Path(args.baseline).resolve(), args.log_level)
                 procs.append(base)
                 targets["baseline"] = base.url
             if "vllm-router" in wanted and Path(args.router_bin).exists():
