@@ -51,6 +51,10 @@ def body(stream: bool) -> str:
     return json.dumps(payload)
 
 
+def case_key(stream: bool, concurrency: int) -> str:
+    return f"{'stream' if stream else 'nostream'}_c{concurrency}"
+
+
 def taskset(cpu: str, cmd: list[str]) -> list[str]:
     return ["taskset", "-c", cpu, *cmd] if shutil.which("taskset") and os.cpu_count() and os.cpu_count() > 1 else cmd
 
@@ -141,6 +145,11 @@ def main() -> None:
         "--baseline", default=None, help="also measure the gateway of this checkout (another commit), as 'baseline'"
     )
     parser.add_argument(
+        "--cases",
+        default="nostream_c1,nostream_c64,stream_c1,stream_c64",
+        help="which measurements, of nostream_c1, nostream_c64, stream_c1, stream_c64",
+    )
+    parser.add_argument(
         "--log-level",
         default="warning",
         help="the gateways' log_level: info writes an access line per request (default: warning, none)",
@@ -171,7 +180,8 @@ def main() -> None:
                 router = start_router(tmp, engine.url, args.router_bin)
                 procs.append(router)
                 targets["vllm-router"] = router.url
-            cases = [(stream, c) for stream in (False, True) for c in (1, 64)]
+            chosen = args.cases.split(",")
+            cases = [(s, c) for s in (False, True) for c in (1, 64) if case_key(s, c) in chosen]
             total = len(cases) * len(targets) * args.rounds
             n = 0
             rounds: dict[str, dict[str, list[dict]]] = {}
@@ -182,7 +192,7 @@ def main() -> None:
                         if name not in wanted:
                             continue
                         n += 1
-                        key = f"{'stream' if stream else 'nostream'}_c{concurrency}"
+                        key = case_key(stream, concurrency)
                         print(f"[{n}/{total}] {name:12s} {key} ...", end=" ", flush=True)
                         run_wrk(url, stream, concurrency, 1.0, tmp)  # warm-up
                         r = run_wrk(url, stream, concurrency, args.duration, tmp)
@@ -237,10 +247,12 @@ def plot(results: dict[str, dict], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    keys = ["nostream_c64", "stream_c64"]
     names = list(results)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key in zip(axes, keys, strict=True):
+    keys = [k for k in ("nostream_c64", "stream_c64") if all(k in results[n] for n in names)]
+    if not keys:
+        return
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
         colors = ["grey", "tab:blue", "tab:orange", "tab:green"][: len(names)]
         ax.bar(names, [results[n][key]["rps"] for n in names], color=colors)
         ax.set_title(f"{key.replace('_', ', ')}: requests/s")

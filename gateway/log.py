@@ -9,6 +9,7 @@ Rules:
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from contextvars import ContextVar
@@ -18,9 +19,12 @@ _logger = logging.getLogger("gateway")
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 
+_SPECIAL = re.compile(r'[ "=\n]')
+
+
 def _quote(value: object) -> str:
-    text = str(value)
-    if text == "" or any(c in text for c in ' "=\n'):
+    text = value if isinstance(value, str) else str(value)
+    if text == "" or _SPECIAL.search(text) is not None:
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
     return text
 
