@@ -15,6 +15,7 @@ import logging
 
 from gateway import log
 from gateway.http.exchange import Exchange
+from gateway.log import quote
 
 _logger = logging.getLogger("gateway")
 
@@ -23,40 +24,33 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f}"
 
 
-def _or_dash(value: object) -> object:
-    return "-" if value is None else value
+def _text(value: str | None) -> str:
+    return "-" if value is None else quote(value)
 
 
 def write(record: Exchange) -> None:
     if not _logger.isEnabledFor(logging.INFO):
         return
     prompt, completion = record.usage()
-    fields: dict[str, object] = {
-        "request_id": record.request_id,
-        "endpoint": record.endpoint,
-        "key_id": _or_dash(record.key_id),
-        "key_name": _or_dash(record.key_name),
-        "cls": record.cls,
-        "pool": record.pool,
-        "engine": record.engine,
-        "model": _or_dash(record.model),
-        "stream": str(record.stream).lower(),
-        "status": record.status,
-        "admission": record.admission,
-        "queue_wait_ms": _ms(record.queue_wait_s),
-        "ttft_ms": _ms(record.ttft_s),
-        "duration_ms": _ms(record.duration_s()),
-        "prompt_tokens": _or_dash(prompt if prompt is not None else record.prompt_estimate),
-        "completion_tokens": _or_dash(completion),
-        "bytes_out": record.bytes_out,
-    }
-    if prompt is None and record.prompt_estimate is not None:
-        fields["prompt_tokens_estimated"] = "true"
+    estimated = prompt is None and record.prompt_estimate is not None
+    if estimated:
+        prompt = record.prompt_estimate
+    # Written in one piece, not field by field: this line is paid for on every request. Values a
+    # client or an engine chose are quoted; the rest are numbers and the gateway's own names.
+    text = (
+        f"request_id={quote(record.request_id)} endpoint={record.endpoint} key_id={_text(record.key_id)} "
+        f"key_name={_text(record.key_name)} cls={record.cls} pool={record.pool} engine={quote(record.engine)} "
+        f"model={_text(record.model)} stream={'true' if record.stream else 'false'} status={record.status} "
+        f"admission={quote(record.admission)} queue_wait_ms={_ms(record.queue_wait_s)} ttft_ms={_ms(record.ttft_s)} "
+        f"duration_ms={_ms(record.duration_s())} prompt_tokens={'-' if prompt is None else prompt} "
+        f"completion_tokens={'-' if completion is None else completion} bytes_out={record.bytes_out}"
+    )
+    if estimated:
+        text += " prompt_tokens_estimated=true"
     if record.attempts > 1:
-        fields["attempts"] = record.attempts
+        text += f" attempts={record.attempts}"
     if record.error is not None:
-        fields["error"] = record.error
+        text += f" error={quote(record.error)}"
     if record.batch_id is not None:
-        fields["batch_id"] = record.batch_id
-        fields["custom_id"] = _or_dash(record.custom_id)
-    log.info("access", **fields)
+        text += f" batch_id={quote(record.batch_id)} custom_id={_text(record.custom_id)}"
+    log.formatted("access", text)

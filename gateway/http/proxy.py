@@ -578,34 +578,39 @@ class Proxy:
         dispatcher = self.gw.dispatcher
         clock = time.monotonic
         chunk = await response.next_chunk()
+        # Bytes sent and the last two chunks (where the usage is), in locals while the stream runs.
+        sent = 0
         older = previous = b""
-        first_token = upstream.endpoint.first_token
-        if first_token is not None:
-            # Events before the first token (a response's created/in_progress) are relayed untimed.
-            while chunk is not None and first_token not in chunk:
+        try:
+            first_token = upstream.endpoint.first_token
+            if first_token is not None:
+                # Events before the first token (a response's created/in_progress) are relayed untimed.
+                while chunk is not None and first_token not in chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    sent += len(chunk)
+                    older, previous = previous, chunk
+                    chunk = await response.next_chunk()
+            last = clock()
+            if chunk is not None:
+                ttft = record.ttft_s = last - upstream.started
+                ttft_metric.observe(ttft)
+                dispatcher.observe_ttft(dispatch, ttft, last)
+            while chunk is not None:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                record.bytes_out += len(chunk)
+                sent += len(chunk)
                 older, previous = previous, chunk
                 chunk = await response.next_chunk()
-        last = clock()
-        if chunk is not None:
-            ttft = record.ttft_s = last - upstream.started
-            ttft_metric.observe(ttft)
-            dispatcher.observe_ttft(dispatch, ttft, last)
-        while chunk is not None:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            record.bytes_out += len(chunk)
-            older, previous = previous, chunk
-            chunk = await response.next_chunk()
-            if chunk is None:
-                break
-            now = clock()
-            gap = now - last
-            last = now
-            itl_metric.observe(gap)
-            dispatcher.observe_itl(dispatch, gap, now)
+                if chunk is None:
+                    break
+                now = clock()
+                gap = now - last
+                last = now
+                itl_metric.observe(gap)
+                dispatcher.observe_itl(dispatch, gap, now)
+        finally:
+            record.bytes_out += sent
+            record.tail = older[-USAGE_TAIL:] + previous
         call.done = True
-        record.tail = older[-USAGE_TAIL:] + previous
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _watch_disconnect(self, receive: Any, call: _Call) -> None:
