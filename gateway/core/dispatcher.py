@@ -246,7 +246,7 @@ class Dispatcher:
         return [e for e in pool.healthy(exclude) if e.load < limits[e.id].limit - reserve]
 
     def _backfill_room(self, pool: Pool, exclude: Sequence[str]) -> list[EngineState]:
-        """Engines of ``pool`` with room to spare beyond a reserve kept for their own class."""
+        """Engines of ``pool`` with room to spare beyond a reserve kept for their own class (at least one slot)."""
         out = []
         for engine in pool.healthy(exclude):
             limit = self.limits[engine.id].limit
@@ -282,15 +282,6 @@ class Dispatcher:
             if choice is not None:
                 return self._start(req, pool, choice, now, exclude, reason="preempted_backfill")
         return None
-
-    def _backfill_room(self, pool: Pool, exclude: Sequence[str]) -> list[EngineState]:
-        """Engines of ``pool`` with room to spare beyond a reserve kept for their own class."""
-        out = []
-        for engine in pool.healthy(exclude):
-            limit = self.limits[engine.id].limit
-            if engine.load < limit - self.admission.backfill_reserve * limit:
-                out.append(engine)
-        return out
 
     def _preempt_backfill(self, pool: Pool, exclude: Sequence[str], now: float) -> bool:
         """Free a slot in ``pool`` by stopping the youngest restartable batch request backfilled there."""

@@ -84,12 +84,15 @@ def test_tighter_ttft_header_budget_shortens_the_wait():
 
 
 def test_interactive_lull_lets_batch_backfill_and_interactive_reclaims_it():
-    d = make(interactive=2, batch=1, limit=2)
-    in_batch_pool = [d.submit(req(BATCH), 0.0) for _ in range(2)]
+    d = make(interactive=2, batch=1, limit=3)
+    in_batch_pool = [d.submit(req(BATCH), 0.0) for _ in range(3)]
     assert all(isinstance(o, Dispatch) and o.pool == "batch" for o in in_batch_pool)
+    # Each interactive engine lends all but one of its 3 slots.
     backfilled = [d.submit(req(BATCH), 0.0) for _ in range(4)]
     assert all(isinstance(o, Dispatch) and o.reason == "backfill" for o in backfilled)
     assert isinstance(d.submit(req(BATCH), 0.0), Queued)
+    for _ in range(2):
+        assert isinstance(d.submit(req(), 1.0), Dispatch)  # the reserved slots
     # Interactive arrives to a pool full of batch work: a restartable batch request is stopped for it.
     arrival = d.submit(req(), 1.0)
     notices = d.take_notices()
@@ -100,13 +103,29 @@ def test_interactive_lull_lets_batch_backfill_and_interactive_reclaims_it():
 
 
 def test_streamed_batch_work_is_never_preempted():
-    d = make(interactive=1, batch=1, limit=1)
+    d = make(interactive=1, batch=1, limit=2)
+    d.submit(req(BATCH, restartable=False), 0.0)
     d.submit(req(BATCH, restartable=False), 0.0)
     streamed = d.submit(req(BATCH, restartable=False), 0.0)
     assert isinstance(streamed, Dispatch) and streamed.reason == "backfill"
+    assert isinstance(d.submit(req(now=1.0), 1.0), Dispatch)  # the reserved slot
     out = d.submit(req(now=1.0), 1.0)
     assert isinstance(out, Queued)
     assert d.take_notices() == []
+
+
+def test_backfill_never_takes_the_last_free_slot_of_an_interactive_engine():
+    # The reserve is at least one slot, however small its share of the limit.
+    d = make(interactive=1, batch=1, limit=1, reserve=0.25)
+    assert isinstance(d.submit(req(BATCH), 0.0), Dispatch)  # the batch pool's own slot
+    assert isinstance(d.submit(req(BATCH), 0.0), Queued)
+    assert d.engine("i0").load == 0
+    d = make(interactive=1, batch=1, limit=3, reserve=0.25)
+    d.submit(req(BATCH), 0.0)
+    d.submit(req(BATCH), 0.0)
+    d.submit(req(BATCH), 0.0)
+    backfilled = [d.submit(req(BATCH), 0.0) for _ in range(3)]
+    assert [isinstance(o, Dispatch) for o in backfilled] == [True, True, False]
 
 
 def test_backfill_keeps_a_reserve_and_stops_while_interactive_waits():
