@@ -237,6 +237,12 @@ class Dispatcher:
                 return placed
         return self._enqueue(req, pool, now)
 
+    def admit_anyway(self, req: RouteRequest, now: float) -> Dispatch | None:
+        """Start ``req`` where its pool's policy would, past any limit or queue (what-if experiments)."""
+        pool = self.pool_for(req.cls)
+        choice = pool.policy.choose(req, pool.healthy(), now)
+        return None if choice is None else self._start(req, pool, choice, now, ())
+
     def _no_engine(self, req: RouteRequest, pool: Pool, exclude: Sequence[str]) -> Rejection:
         after = " after a failed attempt" if exclude else ""
         return Rejection(req, 503, "no_healthy_engine", f"no healthy engine in pool {pool.name!r}{after}", 1.0)
