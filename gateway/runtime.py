@@ -49,6 +49,7 @@ def admission_settings(config: Config) -> AdmissionSettings:
         interval_s=float(a.get("interval_s", defaults.interval_s)),
         cooldown_s=float(a.get("cooldown_s", defaults.cooldown_s)),
         window_s=float(a.get("window_s", defaults.window_s)),
+        recover_s=float(a.get("recover_s", defaults.recover_s)),
         min_samples=int(a.get("min_samples", defaults.min_samples)),
         unbudgeted=float(a.get("unbudgeted_limit", defaults.unbudgeted)),
     )
@@ -207,6 +208,10 @@ class Gateway:
         while True:
             await asyncio.sleep(POLL_INTERVAL_S)
             self.settle(self.dispatcher.poll(time.monotonic()))
+            for change in self.dispatcher.take_limit_changes():
+                log.info(
+                    "concurrency_limit", engine=change.engine, old=change.old, new=change.new, reason=change.reason
+                )
 
     # -- models ------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import heapq
 import itertools
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -440,6 +441,7 @@ class Cluster:
                 prefix_hits=core.stats.prefix_cache_hits,
                 block_size=core.block_size,
                 num_blocks=core.profile.num_blocks,
+                itl_buckets=tuple(zip((*core.stats.itl.bounds, math.inf), core.stats.itl.cumulative(), strict=True)),
             )
             for dispatcher in self.dispatchers:
                 state = dispatcher.engine(engine.id)

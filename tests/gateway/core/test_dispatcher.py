@@ -1,7 +1,10 @@
 """Admission and placement in the core: queues, budgets, backfill, preemption, overflow."""
 
+import math
+
 from gateway.core.classes import BATCH, INTERACTIVE, Budget
 from gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, PoolSpec, Preempted, Queued, Rejection
+from gateway.core.engines import EngineMetrics
 from gateway.core.limiter import LimitSettings
 from gateway.core.request import RouteRequest
 
@@ -71,6 +74,48 @@ def test_refused_at_once_when_the_expected_wait_exceeds_the_budget():
     d.submit(req(now=10.0), 10.0)
     out = d.submit(req(now=10.0), 10.0)
     assert isinstance(out, Rejection) and out.code == "slo_budget_exceeded"
+
+
+def stream(d, out, now, tokens, ttft=0.05, gap=0.035):
+    """Play a streamed answer of ``tokens`` tokens through the dispatcher; returns when it ended."""
+    now += ttft
+    d.observe_ttft(out, now - out.request.arrival, now)
+    for _ in range(tokens - 1):
+        now += gap
+        d.observe_itl(out, gap, now)
+    d.finish(out, now)
+    return now
+
+
+def learned(d, tokens=128):
+    """The pool has served ten streamed requests of ``tokens`` tokens (about 4.5 s each at 128)."""
+    now = 0.0
+    for _ in range(10):
+        r = req(now=now)
+        r.max_tokens = tokens
+        now = stream(d, d.submit(r, now), now, tokens)
+    return now
+
+
+def test_a_short_wait_behind_a_short_request_is_queued_not_refused():
+    d = make(interactive=1, limit=1)
+    now = learned(d)  # long requests taught the pool that a slot is held for ~4.5 s
+    short = req(now=now)
+    short.max_tokens = 8
+    assert isinstance(d.submit(short, now), Dispatch)
+    waiting = d.submit(req(now=now + 0.01), now + 0.01)
+    assert isinstance(waiting, Queued)  # the 8-token answer ends in ~0.3 s: within the budget
+
+
+def test_the_wait_counts_how_long_running_requests_have_held_their_slots():
+    d = make(interactive=1, limit=1)
+    now = learned(d)
+    running = req(now=now)
+    running.max_tokens = 128
+    assert isinstance(d.submit(running, now), Dispatch)
+    assert isinstance(d.submit(req(now=now + 0.1), now + 0.1), Rejection)  # ~4.4 s to go
+    nearly_done = now + 4.3
+    assert isinstance(d.submit(req(now=nearly_done), nearly_done), Queued)  # ~0.2 s to go
 
 
 def test_tighter_ttft_header_budget_shortens_the_wait():
@@ -183,3 +228,57 @@ def test_finish_twice_gives_back_once():
     d.finish(out, 1.0)
     d.finish(out, 1.0)
     assert d.engine("i0").inflight == 0
+
+
+def itl_histogram(fast: int, slow: int = 0) -> tuple[tuple[float, float], ...]:
+    """An engine's cumulative ``inter_token_latency_seconds`` buckets: ``fast`` gaps of ~36 ms, ``slow`` of ~90."""
+    return tuple((b, float(fast * (b >= 0.05) + slow * (b >= 0.1))) for b in (0.025, 0.05, 0.075, 0.1, math.inf))
+
+
+def test_hammering_with_refused_requests_cannot_talk_the_limit_down():
+    d = make(interactive=1, limit=2)
+    running = [d.submit(req(), 0.0) for _ in range(2)]
+    assert all(isinstance(o, Dispatch) for o in running)
+    d.apply_scrape("i0", EngineMetrics(running=2, itl_buckets=itl_histogram(0)), 0.0)
+    made = 0
+    refused = 0
+    t = 0.0
+    while t < 60.0:
+        t += 1.0 / 30
+        for _ in range(50):  # a client resending at once whatever is refused
+            out = d.submit(req(now=t), t)
+            refused += isinstance(out, Rejection)
+        for dispatch in running:
+            d.observe_itl(dispatch, 0.09, t)  # the starved host relays every gap late
+        made += 2
+        if round(t * 30) % 60 == 0:
+            d.apply_scrape("i0", EngineMetrics(running=2, itl_buckets=itl_histogram(made)), t)  # on time
+        for o in d.poll(t):
+            refused += isinstance(o, Rejection)
+    assert refused > 10_000
+    assert d.concurrency_limits()["i0"] == 2
+    assert {c.reason for c in d.take_limit_changes()} == {"relay_slow_engine_on_time"}
+
+
+def test_a_limit_shrunk_by_an_overload_is_back_at_the_probe_level_after_idling():
+    d = make(interactive=1, limit=2)
+    d.apply_scrape("i0", EngineMetrics(itl_buckets=itl_histogram(0)), 0.0)
+    running = [d.submit(req(), 0.0) for _ in range(2)]
+    made = slow = 0
+    t = 0.0
+    while d.concurrency_limits()["i0"] == 2 and t < 30.0:
+        t += 1.0 / 30
+        for dispatch in running:
+            d.observe_itl(dispatch, 0.09, t)  # the engine itself is over budget at two
+        slow += 2
+        if round(t * 30) % 60 == 0:
+            d.apply_scrape("i0", EngineMetrics(running=2, itl_buckets=itl_histogram(made, slow)), t)
+        d.poll(t)
+    assert d.concurrency_limits()["i0"] == 1
+    for dispatch in running:
+        d.finish(dispatch, t)
+    while t < 120.0:  # then nobody comes for a while
+        t += 0.5
+        d.poll(t)
+    assert d.concurrency_limits()["i0"] == 2
+    assert [c.reason for c in d.take_limit_changes()][-1] == "recovering"
