@@ -448,11 +448,36 @@ class Dispatcher:
             pool.slots.observe_done(self._run(dispatch, pool), now - dispatch.dispatched_at)
         return self._drain(now)
 
+    def _expire(self, now: float) -> list[Outcome]:
+        """Refuse the queued requests whose start deadline has passed."""
+        out: list[Outcome] = []
+        for pool in self.pools.values():
+            for entry in pool.queue.expired(now):
+                self._queued_pool.pop(entry.request.id, None)
+                req = entry.request
+                if req.budget.ttft_s is not None:
+                    out.append(self._refuse_slo(req, None))
+                else:
+                    out.append(
+                        Rejection(
+                            req,
+                            429,
+                            "deadline_exceeded",
+                            "the request's deadline passed while queued",
+                            self.admission.min_retry_after_s,
+                        )
+                    )
+        return out
+
     def _drain(self, now: float) -> list[Outcome]:
         out: list[Outcome] = self.take_notices()
         for pool in self.pools.values():
             queue = pool.queue
             while (entry := queue.peek()) is not None:
+                if entry.deadline < now:
+                    # Its deadline passed since the last poll: refused, never started late.
+                    out.extend(self._expire(now))
+                    continue
                 placed = self._place(entry.request, pool, now)
                 # A placement may have preempted someone: that notice must come before any
                 # later dispatch of the same request.
@@ -483,23 +508,7 @@ class Dispatcher:
         """Refuse what can no longer start in time, update limits, start what now fits."""
         if not self.admission.enabled:
             return []
-        out: list[Outcome] = []
-        for pool in self.pools.values():
-            for entry in pool.queue.expired(now):
-                self._queued_pool.pop(entry.request.id, None)
-                req = entry.request
-                if req.budget.ttft_s is not None:
-                    out.append(self._refuse_slo(req, None))
-                else:
-                    out.append(
-                        Rejection(
-                            req,
-                            429,
-                            "deadline_exceeded",
-                            "the request's deadline passed while queued",
-                            self.admission.min_retry_after_s,
-                        )
-                    )
+        out = self._expire(now)
         for engine_id, limit in self.limits.items():
             before, why = limit.limit, limit.reason
             limit.update(now, self._engines[engine_id].load)

@@ -17,12 +17,17 @@ when the gateway's host is starved (a client hammering it with requests it refus
 gap grows, and fewer requests on the engine would neither explain nor fix that.
 
 Rules:
-- Each ITL gap the relay measures goes to the engine's window and to the window of the load level
-  (requests in flight, rounded) at which it was seen; both cover the last ``window_s``. Older
-  evidence is not evidence: only a level's verdict is remembered, for ``level_window_s``.
-- A level is over budget when the share of its gaps above ``high * budget`` is above 1 % with
-  confidence (a one-sided Wilson bound); within budget when its p99 is at most ``high * budget``.
-  The engine's whole window is far over budget when its share above 1.5 budgets is above 1 %.
+- Each ITL gap the relay measures goes to the engine's window and to the windows of the load level
+  (requests in flight, rounded) at which it was seen: a fresh one of ``window_s`` and a long one
+  of ``level_window_s``. Only fresh evidence counts against a level; older bad evidence is only
+  remembered as the level's verdict, for ``level_window_s``.
+- A level is over budget when the share of its fresh gaps above ``high * budget`` is above 1 %
+  with confidence (a one-sided Wilson bound, counting engine steps: a stall slows all ``level``
+  requests of a step at once, so ``level`` slow gaps are one piece of evidence, not ``level``);
+  within budget when their p99 is at most ``high * budget``. Growing asks more: the p99 of the
+  level's long window within ``low * budget`` (a steady estimate: a step up is a step towards the
+  cliff). The engine's whole window is far over budget when its share (of steps, counted at the
+  limit) above 1.5 budgets is above 1 % with confidence.
 - The engine's own ITL histogram (vLLM's ``vllm:inter_token_latency_seconds``, scraped), when it
   has one, must not contradict the relay before the limit shrinks: it contradicts when its share
   of gaps above the budget is under half the relay's over the same window.
@@ -31,7 +36,7 @@ Rules:
     engine does not contradict it: to the highest lower level found within budget lately, else
     multiplicatively (to 70 %); then no further shrink for ``cooldown_s``, and the whole window
     starts afresh (what it saw above the new limit says nothing about it);
-  - grow by one when the limit was reached since the last decision, its level's p99 is within
+  - grow by one when the limit was reached since the last decision, its level's long p99 is within
     ``low * budget``, and the next level was not found over budget lately (the known cliff);
   - recover: below ``initial`` (the probe level), one step up once ``recover_s`` passed without a
     shrink or a step and without the next level found over budget: a limit learned under an
@@ -71,7 +76,7 @@ class LimitSettings:
     unbudgeted: float = 64.0
 
 
-def clearly_over(above: int, total: int, share: float = _ALLOWED) -> bool:
+def clearly_over(above: float, total: float, share: float = _ALLOWED) -> bool:
     """``above`` of ``total`` is more than ``share`` with confidence (Wilson lower bound)."""
     if total <= 0 or above <= share * total:
         return False
@@ -93,6 +98,7 @@ class ConcurrencyLimit:
         "_peak",
         "_safe",
         "budget_s",
+        "history",
         "itl",
         "levels",
         "limit",
@@ -106,6 +112,7 @@ class ConcurrencyLimit:
         self.limit = settings.initial if budget_s is not None else settings.unbudgeted
         self.itl = LatencyWindow(settings.window_s)
         self.levels: dict[int, LatencyWindow] = {}
+        self.history: dict[int, LatencyWindow] = {}
         self.reason = "initial"
         self._cliff: dict[int, float] = {}  # level -> when it was last found over budget
         self._safe: dict[int, float] = {}  # level -> when it was last found within budget
@@ -122,7 +129,9 @@ class ConcurrencyLimit:
         window = self.levels.get(level)
         if window is None:
             window = self.levels[level] = LatencyWindow(self.settings.window_s)
+            self.history[level] = LatencyWindow(self.settings.level_window_s)
         window.observe(seconds, now)
+        self.history[level].observe(seconds, now)
 
     def observe_engine_itl(self, buckets: Sequence[tuple[float, float]], now: float) -> None:
         """The engine's cumulative ITL histogram, ``(upper bound, count)`` pairs, from a scrape."""
@@ -151,7 +160,8 @@ class ConcurrencyLimit:
             self._peak = load
 
     def level_p99(self, level: int, now: float) -> float | None:
-        window = self.levels.get(level)
+        """The p99 of the level's long window (None until it holds ``min_samples`` gaps)."""
+        window = self.history.get(level)
         if window is None:
             return None
         window.expire(now)
@@ -171,7 +181,7 @@ class ConcurrencyLimit:
             return False
         old = self.limit
         current = max(1, math.floor(self.limit))
-        over = current in self._judge_levels(budget, now) or self._far_over(budget, now)
+        over = current in self._judge_levels(budget, now) or self._far_over(budget, now, current)
         engine = self._engine_verdict(budget, now) if over else None
         if engine is not None:
             self.reason = engine  # the engine's own figures are awaited, or say it is on time
@@ -208,7 +218,9 @@ class ConcurrencyLimit:
             window.expire(now)
             if window.count < s.min_samples:
                 continue
-            if clearly_over(window.count_above(limit, now), window.count):
+            # One prefill stalls every request decoding beside it: the gaps of a level come in steps
+            # of ``level``, slow or fast together, so the evidence is the steps, not the gaps.
+            if clearly_over(window.count_above(limit, now) / level, window.count / level):
                 self._cliff[level] = now
                 over.add(level)
             elif (window.quantile(0.99, now) or 0.0) <= limit:
@@ -219,13 +231,13 @@ class ConcurrencyLimit:
         p99 = self.level_p99(level, now)
         return p99 is not None and p99 <= limit
 
-    def _far_over(self, budget: float, now: float) -> bool:
+    def _far_over(self, budget: float, now: float, level: int) -> bool:
         # The whole window mixes levels; it acts once well filled, as a net under the level windows.
         itl = self.itl
         itl.expire(now)
         if itl.count < 5 * self.settings.min_samples:
             return False
-        return clearly_over(itl.count_above(1.5 * budget, now), itl.count)
+        return clearly_over(itl.count_above(1.5 * budget, now) / level, itl.count / level)
 
     def _engine_verdict(self, budget: float, now: float) -> str | None:
         """Why the relay's slowness does not count against the engine, or None when it does."""

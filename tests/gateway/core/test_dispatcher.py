@@ -67,6 +67,17 @@ def test_interactive_that_cannot_start_in_time_is_refused_with_retry_after():
     assert refusals[0].retry_after_s >= 1
 
 
+def test_a_request_whose_deadline_passed_is_refused_not_started_late():
+    d = make(interactive=1, limit=1)
+    running = d.submit(req(), 0.0)
+    queued = d.submit(req(now=0.0), 0.0)
+    assert isinstance(queued, Queued)
+    out = d.finish(running, 0.7)  # the slot frees past the 500 ms budget, before any poll
+    assert [(type(o), o.request) for o in out] == [(Rejection, queued.request)]
+    assert out[0].code == "slo_budget_exceeded"
+    assert d.engine("i0").inflight == 0
+
+
 def test_refused_at_once_when_the_expected_wait_exceeds_the_budget():
     d = make(interactive=1, limit=1)
     running = d.submit(req(), 0.0)
