@@ -2,16 +2,18 @@
 #
 #   docker build -t priority-gateway .
 #   docker build --build-arg EXTRAS=[precise] -t priority-gateway .   # precise prefix mode (tokenizers)
-#   docker run -p 8080:8080 priority-gateway                   # embedded default: simulated engines
+#   docker run -p 127.0.0.1:8080:8080 priority-gateway         # embedded default: simulated engines
 #   docker run ... priority-gateway serve --config /etc/gateway/gateway.yaml
 #   docker run ... --entrypoint python priority-gateway -m engines.sim --host 0.0.0.0 --port 8000 ...
+#
+# Pushing it to a registry, and the workflow that publishes it on version tags: deploy/README.md.
 #
 # Two stages: the wheel is built with the build tools, the runtime image only installs it.
 
 FROM python:3.11-slim AS build
 WORKDIR /src
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY gateway ./gateway
 COPY engines ./engines
 ARG EXTRAS=""
@@ -22,9 +24,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# /var/lib/gateway: state the gateway keeps across restarts (keys.admin_file); owned by the
+# gateway user, so a volume mounted there starts writable by it.
 RUN groupadd --system --gid 10001 gateway \
     && useradd --system --uid 10001 --gid gateway --no-create-home --home-dir /nonexistent \
-       --shell /usr/sbin/nologin gateway
+       --shell /usr/sbin/nologin gateway \
+    && install -d -o 10001 -g 10001 -m 0700 /var/lib/gateway
 COPY --from=build /wheels /wheels
 RUN pip install /wheels/*.whl && rm -rf /wheels
 # Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.

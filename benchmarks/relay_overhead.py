@@ -67,6 +67,16 @@ def run_wrk(url: str, stream: bool, concurrency: int, duration: float, tmp: Path
     return result
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median throughput, with every round's figures kept beside it."""
+    ordered = sorted(runs, key=lambda r: r["rps"])
+    middle = dict(ordered[len(ordered) // 2])
+    if len(runs) > 1:
+        middle["rounds_rps"] = [round(r["rps"], 1) for r in runs]
+        middle["rounds_p50_us"] = [r["p50_us"] for r in runs]
+    return middle
+
+
 def start_engine(tmp: Path) -> Proc:
     port = free_port()
     cmd = taskset(
@@ -75,15 +85,23 @@ def start_engine(tmp: Path) -> Proc:
     return Proc(cmd, f"http://127.0.0.1:{port}", tmp / "engine.log").start().wait_ready()
 
 
-def start_gateway(tmp: Path, engine: str) -> Proc:
+def start_gateway(tmp: Path, engine: str, source: Path | None = None) -> Proc:
+    """The gateway of this checkout, or of the checkout at ``source`` (a baseline to compare with)."""
     port = free_port()
     config = tmp / "gateway.yaml"
     config.write_text(
         f"pools:\n  interactive:\n    engines: ['{engine}']\n  batch:\n    engines: ['{engine}']\nlog_level: warning\n"
     )
-    cmd = taskset("0", [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)])
-    proc = Proc(cmd, f"http://127.0.0.1:{port}", tmp / "gateway.log").start().wait_ready("/ready")
-    return proc
+    args = ["serve", "--config", str(config), "--port", str(port)]
+    if source is None:
+        cmd = [sys.executable, "-m", "gateway", *args]
+    else:
+        # The other checkout first on sys.path, ahead of this one.
+        run = "import sys, runpy; sys.path.insert(0, sys.argv.pop(1)); runpy.run_module('gateway', run_name='__main__')"
+        args = [str(source), *args]
+        cmd = [sys.executable, "-c", run, *args]
+    log = tmp / f"gateway-{port}.log"
+    return Proc(taskset("0", cmd), f"http://127.0.0.1:{port}", log).start().wait_ready("/ready")
 
 
 def start_router(tmp: Path, engine: str, router_bin: str) -> Proc:
@@ -119,6 +137,10 @@ def main() -> None:
         "--router-bin", default=shutil.which("vllm-router") or str(ROOT / ".venv-router/bin/vllm-router")
     )
     parser.add_argument("--targets", default="direct,gateway,vllm-router")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat every measurement; medians are reported")
+    parser.add_argument(
+        "--baseline", default=None, help="also measure the gateway of this checkout (another commit), as 'baseline'"
+    )
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed: apt-get install wrk")
@@ -136,24 +158,36 @@ def main() -> None:
                 gw = start_gateway(tmp, engine.url)
                 procs.append(gw)
                 targets["gateway"] = gw.url
+            if args.baseline:
+                wanted.append("baseline")
+                base = start_gateway(tmp, engine.url, Path(args.baseline).resolve())
+                procs.append(base)
+                targets["baseline"] = base.url
             if "vllm-router" in wanted and Path(args.router_bin).exists():
                 router = start_router(tmp, engine.url, args.router_bin)
                 procs.append(router)
                 targets["vllm-router"] = router.url
             cases = [(stream, c) for stream in (False, True) for c in (1, 64)]
-            total = len(cases) * len(targets)
+            total = len(cases) * len(targets) * args.rounds
             n = 0
-            for stream, concurrency in cases:
-                for name, url in targets.items():
-                    if name not in wanted:
-                        continue
-                    n += 1
-                    key = f"{'stream' if stream else 'nostream'}_c{concurrency}"
-                    print(f"[{n}/{total}] {name:12s} {key} ...", end=" ", flush=True)
-                    run_wrk(url, stream, concurrency, 1.0, tmp)  # warm-up
-                    r = run_wrk(url, stream, concurrency, args.duration, tmp)
-                    results.setdefault(name, {})[key] = r
-                    print(f"{r['rps']:.0f} req/s, p50 {r['p50_us'] / 1000:.2f} ms, errors {r['errors'] + r['non2xx']}")
+            rounds: dict[str, dict[str, list[dict]]] = {}
+            # Rounds interleave the targets, so a noisy spell on the shared machine hits all of them.
+            for _ in range(args.rounds):
+                for stream, concurrency in cases:
+                    for name, url in targets.items():
+                        if name not in wanted:
+                            continue
+                        n += 1
+                        key = f"{'stream' if stream else 'nostream'}_c{concurrency}"
+                        print(f"[{n}/{total}] {name:12s} {key} ...", end=" ", flush=True)
+                        run_wrk(url, stream, concurrency, 1.0, tmp)  # warm-up
+                        r = run_wrk(url, stream, concurrency, args.duration, tmp)
+                        rounds.setdefault(name, {}).setdefault(key, []).append(r)
+                        errors = r["errors"] + r["non2xx"]
+                        print(f"{r['rps']:.0f} req/s, p50 {r['p50_us'] / 1000:.2f} ms, errors {errors}")
+            for name, keys in rounds.items():
+                for key, runs in keys.items():
+                    results.setdefault(name, {})[key] = median_run(runs)
         finally:
             for proc in reversed(procs):
                 proc.stop()
@@ -170,12 +204,16 @@ def main() -> None:
                 "rps_vs_direct": round(r["rps"] / d["rps"], 3),
             }
         summary[name] = s
+    if "gateway" in results and "baseline" in results:
+        gateway, baseline = results["gateway"], results["baseline"]
+        summary["gateway_vs_baseline_rps"] = {k: round(gateway[k]["rps"] / baseline[k]["rps"], 3) for k in gateway}
     if "gateway" in results and "vllm-router" in results:
         summary["gateway_vs_vllm_router_rps"] = {
             key: round(results["gateway"][key]["rps"] / results["vllm-router"][key]["rps"], 3)
             for key in results["gateway"]
         }
     report = {
+        "command": " ".join(["python", "benchmarks/relay_overhead.py", *sys.argv[1:]]),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "duration_s": args.duration,
         "cpus": os.cpu_count(),
@@ -199,7 +237,8 @@ def plot(results: dict[str, dict], path: Path) -> None:
     names = list(results)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key in zip(axes, keys, strict=True):
-        ax.bar(names, [results[n][key]["rps"] for n in names], color=["grey", "tab:blue", "tab:orange"][: len(names)])
+        colors = ["grey", "tab:blue", "tab:orange", "tab:green"][: len(names)]
+        ax.bar(names, [results[n][key]["rps"] for n in names], color=colors)
         ax.set_title(f"{key.replace('_', ', ')}: requests/s")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

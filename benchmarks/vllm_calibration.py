@@ -128,7 +128,8 @@ async def stream_completion(client: httpx.AsyncClient, prompt: list[int], max_to
                 sample.cached_tokens = details.get("cached_tokens") or 0
                 sample.completion_tokens = chunk["usage"]["completion_tokens"]
             for choice in chunk.get("choices", []):
-                tokens = len(choice.get("token_ids") or [])
+                # Engines that do not return token ids stream one token per chunk with text.
+                tokens = len(choice.get("token_ids") or []) or int(bool(choice.get("text")))
                 if tokens and not sample.chunks:
                     sample.first_token_at = now
                 sample.chunks.append((now, tokens))

@@ -7,19 +7,41 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import get_args
 
 from gateway import log
+from gateway.config import Config, ConfigError
+from gateway.config.env import PREFIX
+from gateway.config.sections import LogLevel
+
+SERVE_EPILOG = f"""\
+Every configuration key, with its type, default and meaning: docs/configuration.md, or
+`gateway config reference`. Environment variables override single keys:
+{PREFIX}<SECTION>__<KEY>=value, e.g. {PREFIX}STORE=redis://localhost:6379/0 or
+{PREFIX}POOLS__BATCH__POLICY=least_loaded. Options override both.
+"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the gateway (no --config: embedded simulated engines)")
-    serve.add_argument("--config", help="YAML config file (GATEWAY_* environment variables override it)")
-    serve.add_argument("--host", help="listen address (default from config, else 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="listen port (default from config, else 8080)")
-    serve.add_argument("--log-level", default=None, help="debug, info, warning, error")
+    defaults = Config()
+    serve = sub.add_parser(
+        "serve",
+        help="run the gateway (no --config: embedded simulated engines)",
+        epilog=SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument(
+        "--config", metavar="FILE", help="YAML config file (default: none, and simulated engines of its own)"
+    )
+    serve.add_argument("--host", help=f"listen address (default: listen.host, else {defaults.listen.host})")
+    serve.add_argument("--port", help=f"listen port (default: listen.port, else {defaults.listen.port})")
+    serve.add_argument(
+        "--log-level",
+        help=f"{', '.join(get_args(LogLevel))} (default: log_level, else {defaults.log_level})",
+    )
     serve.set_defaults(func=_serve)
 
     sim = sub.add_parser("sim", help="experiments on simulated engines in virtual time")
@@ -40,10 +62,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_keys_arguments(keys)
     keys.set_defaults(func=_keys)
 
+    config = sub.add_parser("config", help="print the configuration reference, or check a config file")
+    from gateway.config.cli import add_arguments as add_config_arguments
+
+    add_config_arguments(config)
+    config.set_defaults(func=_config)
+
     args, rest = parser.parse_known_args(argv)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        # One line a person can act on; a traceback would bury it.
+        print(f"gateway {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -72,6 +105,12 @@ def _keys(args: argparse.Namespace) -> int:
     from gateway.keys.cli import main as keys_main
 
     return keys_main(args)
+
+
+def _config(args: argparse.Namespace) -> int:
+    from gateway.config.cli import main as config_main
+
+    return config_main(args)
 
 
 def _bench(args: argparse.Namespace) -> int:

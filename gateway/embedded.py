@@ -16,9 +16,9 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway import log
-from gateway.config import Config, apply_env_overrides, parse_config
 from gateway.upstream.h1 import EngineClient, UpstreamError
 
 MODEL = "sim-model"
@@ -59,18 +59,19 @@ class EmbeddedEngines:
         self.specs = specs or DEFAULT_ENGINES
         self.model = model
         self.processes: list[tuple[str, subprocess.Popen[bytes]]] = []
+        # Ports are chosen before anything starts, so the configuration can be checked first.
+        self.ports = [free_port() for _ in self.specs]
         self.urls: dict[str, list[str]] = {}
+        for spec, port in zip(self.specs, self.ports, strict=True):
+            self.urls.setdefault(spec.pool, []).append(f"http://127.0.0.1:{port}")
 
     def launch(self) -> None:
-        for spec in self.specs:
-            port = free_port()
+        for spec, port in zip(self.specs, self.ports, strict=True):
             cmd = [sys.executable, "-m", "engines.sim", "--host", "127.0.0.1", "--port", str(port)]
             cmd += ["--model", self.model, *spec.args]
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-            url = f"http://127.0.0.1:{port}"
             proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-            self.processes.append((url, proc))
-            self.urls.setdefault(spec.pool, []).append(url)
+            self.processes.append((f"http://127.0.0.1:{port}", proc))
 
     async def wait_ready(self, timeout_s: float = 60.0) -> dict[str, list[str]]:
         await asyncio.gather(*(self._wait_healthy(url, proc, timeout_s) for url, proc in self.processes))
@@ -104,15 +105,12 @@ class EmbeddedEngines:
                 proc.kill()
         self.processes.clear()
 
-    def config(self, host: str = "127.0.0.1", port: int = 8080) -> Config:
-        pools = {}
+    def settings(self) -> dict[str, Any]:
+        """The configuration these engines need (``pools``), for the rest to come from defaults,
+        ``GATEWAY__*`` variables and options."""
+        pools: dict[str, dict[str, Any]] = {}
         for pool, urls in self.urls.items():
-            spec: dict[str, object] = {"engines": urls}
+            pools[pool] = {"engines": urls}
             if pool == "batch":
-                spec["scheduling_policy"] = "priority"
-            pools[pool] = spec
-        data: dict[str, object] = {"pools": pools, "listen": {"host": host, "port": port}}
-        apply_env_overrides(data, os.environ)
-        config = parse_config(data)
-        config.embedded = True
-        return config
+                pools[pool]["scheduling_policy"] = "priority"
+        return {"pools": pools}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import orjson
 
 ERROR_TYPES: dict[int, str] = {
@@ -67,3 +70,23 @@ def error_body(status: int, message: str, code: str | None = None, param: str | 
 def retry_after_value(seconds: float) -> bytes:
     # Retry-After takes whole seconds; never advertise 0, which invites a hot retry loop.
     return str(max(1, int(seconds + 0.999))).encode()
+
+
+def excerpt(value: object, limit: int = 64) -> str:
+    """Client input as an error message may show it: a short prefix, never the whole of it."""
+    if isinstance(value, str):
+        shown = repr(value[:limit])
+        return shown if len(value) <= limit else f"{shown}... ({len(value)} characters)"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) or (isinstance(value, int) and abs(value) < 10**limit):
+        return repr(value)[:limit]
+    return {dict: "an object", list: "an array", int: "a number"}.get(type(value), type(value).__name__)
+
+
+async def send_error(send: Callable[[dict[str, Any]], Awaitable[None]], exc: ApiError) -> None:
+    """Answer an ASGI request with ``exc``."""
+    await send({"type": "http.response.start", "status": exc.status, "headers": exc.response_headers()})
+    await send({"type": "http.response.body", "body": exc.body()})

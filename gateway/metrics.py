@@ -78,6 +78,9 @@ class GatewayMetrics:
             "gateway_batch_requests", "Batch job lines finished, by outcome.", ("status",), registry=r
         )
         self.batches = Gauge("gateway_batches", "Batch jobs by status.", ("status",), registry=r)
+        self.queued_bytes = Gauge(
+            "gateway_queued_body_bytes", "Bytes of request bodies waiting in a pool's queue.", ("pool",), registry=r
+        )
 
     def watch_state(self, state: StateSource) -> None:
         """Export engine and queue state read at scrape time, so the hot path pays nothing for it."""

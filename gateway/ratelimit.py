@@ -7,8 +7,10 @@ Rules:
   with ``Retry-After``.
 - Tokens per minute count the prompt (estimated at admission) and the completion: from the
   response's ``usage`` when it has one (for streams, the final usage chunk that
-  ``stream_options.include_usage`` asks for), else ``max_tokens``, else one per streamed
-  event. Completion tokens are charged after the response is sent.
+  ``stream_options.include_usage`` asks for), else ``max_tokens`` for a stream that ran to
+  its end, else one per streamed event. Completion tokens are charged once, when the
+  response ends, however it ends: a stream the client leaves early, or that breaks, is
+  charged for what it streamed until then.
 - Keys without limits cost nothing: no store call, no wrapper around the response.
 - If the store cannot be reached, requests are admitted (limits fail open) and the store is
   not asked again for ``breaker_s``, so an outage does not slow interactive traffic.
@@ -65,23 +67,12 @@ class RateLimiter:
                 retry_after_s=decision.retry_after_s,
             )
 
-    def meter(self, principal: Principal, req: RouteRequest, send: Any) -> Any:
-        """``send``, wrapped to charge the response's completion tokens when the key has a TPM limit."""
+    def meter(self, principal: Principal, req: RouteRequest, send: Any) -> Meter | None:
+        """A meter of the response's completion tokens when the key has a TPM limit: send through
+        ``Meter.send`` and call ``Meter.close`` when the request ends, however it ends."""
         if principal.key_id is None or not principal.tpm:
-            return send
-        key_id = principal.key_id
-        usage = _UsageWatch(req.max_tokens)
-
-        async def metered(message: dict[str, Any]) -> None:
-            await send(message)
-            if message["type"] == "http.response.start":
-                usage.status = message["status"]
-            elif message["type"] == "http.response.body":
-                usage.feed(message.get("body", b""))
-                if not message.get("more_body"):
-                    self._charge_later(key_id, usage.tokens())
-
-        return metered
+            return None
+        return Meter(self, principal.key_id, req.max_tokens, send)
 
     def _charge_later(self, key_id: str, tokens: int) -> None:
         if tokens <= 0 or self._store_down():
@@ -97,16 +88,45 @@ class RateLimiter:
             self._trip(exc)
 
 
+class Meter:
+    __slots__ = ("_key_id", "_limiter", "_send", "_usage", "charged")
+
+    def __init__(self, limiter: RateLimiter, key_id: str, max_tokens: int | None, send: Any) -> None:
+        self._limiter = limiter
+        self._key_id = key_id
+        self._send = send
+        self._usage = _UsageWatch(max_tokens)
+        self.charged = False
+
+    async def send(self, message: dict[str, Any]) -> None:
+        # Counted before it goes out: a client gone by now has still been sent these tokens.
+        if message["type"] == "http.response.start":
+            self._usage.status = message["status"]
+        elif message["type"] == "http.response.body":
+            self._usage.feed(message.get("body", b""))
+            if not message.get("more_body"):
+                self._usage.ended = True
+        await self._send(message)
+        if self._usage.ended:
+            self.close()
+
+    def close(self) -> None:
+        if not self.charged:
+            self.charged = True
+            self._limiter._charge_later(self._key_id, self._usage.tokens())
+
+
 class _UsageWatch:
     """Completion tokens of a response, read from the bytes on their way to the client."""
 
-    __slots__ = ("events", "max_tokens", "reported", "status", "tail")
+    __slots__ = ("ended", "events", "max_tokens", "reported", "status", "tail")
 
     def __init__(self, max_tokens: int | None) -> None:
         self.max_tokens = max_tokens
         self.status = 0
         self.reported: int | None = None
         self.events = 0
+        self.ended = False
         self.tail = b""
 
     def feed(self, chunk: bytes) -> None:
@@ -124,6 +144,7 @@ class _UsageWatch:
             return 0
         if self.reported is not None:
             return self.reported
-        if self.max_tokens is not None:
-            return self.max_tokens
-        return self.events
+        if self.max_tokens is None:
+            return self.events
+        # Cut short, a stream has generated what it streamed; run to its end, up to max_tokens.
+        return self.max_tokens if self.ended else min(self.events, self.max_tokens)

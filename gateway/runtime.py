@@ -10,11 +10,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 
 from gateway import log
 from gateway.auth import Authenticator
-from gateway.batch import BatchService, BatchSettings
-from gateway.config import Config
+from gateway.batch import BatchService
+from gateway.config import Config, PoolConfig
 from gateway.core.classes import CLASSES, Budget
 from gateway.core.dispatcher import (
     AdmissionSettings,
@@ -41,25 +42,29 @@ POLL_INTERVAL_S = 0.05
 
 def admission_settings(config: Config) -> AdmissionSettings:
     a = config.admission
-    defaults = LimitSettings()
     limits = LimitSettings(
-        initial=float(a.get("initial_limit", defaults.initial)),
-        minimum=float(a.get("min_limit", defaults.minimum)),
-        maximum=float(a.get("max_limit", defaults.maximum)),
-        interval_s=float(a.get("interval_s", defaults.interval_s)),
-        cooldown_s=float(a.get("cooldown_s", defaults.cooldown_s)),
-        window_s=float(a.get("window_s", defaults.window_s)),
-        recover_s=float(a.get("recover_s", defaults.recover_s)),
-        min_samples=int(a.get("min_samples", defaults.min_samples)),
-        unbudgeted=float(a.get("unbudgeted_limit", defaults.unbudgeted)),
+        initial=a.initial_limit,
+        minimum=a.min_limit,
+        maximum=a.max_limit,
+        interval_s=a.interval_s,
+        cooldown_s=a.cooldown_s,
+        window_s=a.window_s,
+        recover_s=a.recover_s,
+        min_samples=a.min_samples,
+        unbudgeted=a.unbudgeted_limit,
     )
-    base = AdmissionSettings()
     return AdmissionSettings(
-        enabled=bool(a.get("enabled", True)),
+        enabled=a.enabled,
         limits=limits,
-        max_queue=int(a.get("max_queue", base.max_queue)),
-        backfill_reserve=float(a.get("backfill_reserve", base.backfill_reserve)),
+        max_queue=a.max_queue,
+        backfill_reserve=a.backfill_reserve,
     )
+
+
+def policy_options(config: Config, pool: PoolConfig) -> dict[str, object]:
+    if pool.policy != "prefix":
+        return {}
+    return {**asdict(config.prefix.policy), "precise": pool.kv_events is not None}
 
 
 def build_dispatcher(config: Config) -> Dispatcher:
@@ -72,16 +77,12 @@ def build_dispatcher(config: Config) -> Dispatcher:
                 takes_priority=pool.takes_priority,
                 backfill=pool.backfill,
                 accept_overflow=pool.accept_overflow,
-                policy_options=(
-                    {**config.prefix.get("policy", {}), **({"precise": True} if pool.kv_events else {})}
-                    if pool.policy == "prefix"
-                    else {}
-                ),
+                policy_options=policy_options(config, pool),
             )
             for name, pool in config.pools.items()
         ],
-        home={cls: spec.pool for cls, spec in config.classes.items()},
-        budgets={cls: spec.budget.itl_s for cls, spec in config.classes.items()},
+        home=config.home_pools(),
+        budgets={cls: spec.budget.itl_s for cls, spec in config.classes.by_name().items()},
         admission=admission_settings(config),
     )
 
@@ -106,22 +107,22 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.dispatcher = build_dispatcher(config)
         self.metrics.watch_state(self.dispatcher)
-        self.budgets: dict[str, Budget] = {cls: spec.budget for cls, spec in config.classes.items()}
+        self.budgets: dict[str, Budget] = {cls: spec.budget for cls, spec in config.classes.by_name().items()}
         self.monitor = EngineMonitor(
             self.dispatcher,
             self._make_client,
-            health_interval_s=config.health_interval_s,
-            health_timeout_s=config.health_timeout_s,
-            unhealthy_after=config.unhealthy_after,
-            scrape_interval_s=config.scrape_interval_s,
+            health_interval_s=config.health.interval_s,
+            health_timeout_s=config.health.timeout_s,
+            unhealthy_after=config.health.unhealthy_after,
+            scrape_interval_s=config.scrape.interval_s,
         )
-        self.store = open_store(config.store, config.keys)
+        self.store = open_store(config.store, config.keys.file)
         self.keys = KeyAuthenticator(self.store, config.keys)
         self.auth: Authenticator = auth or self.keys
         self.limiter: RateLimiter | None = RateLimiter(self.store)
-        self.batches = BatchService(self.store, BatchSettings.from_config(config.batch), self.metrics, self.model_ids)
-        self.block_chars = int(config.prefix.get("block_chars", 64))
-        self.block_tokens = int(config.prefix.get("block_tokens", 16))
+        self.batches = BatchService(self.store, config.batch, self.metrics, self.model_ids)
+        self.block_chars = config.prefix.block_chars
+        self.block_tokens = config.prefix.block_tokens
         self._configured_models = {p.model for p in config.pools.values() if p.model}
         self._waiters: dict[str, asyncio.Future[Outcome]] = {}
         self._poller: asyncio.Task[None] | None = None
@@ -154,8 +155,8 @@ class Gateway:
     def _make_client(self, engine_id: str, pool: str) -> EngineClient:
         return EngineClient(
             engine_id,
-            connect_timeout=self.config.connect_timeout_s,
-            read_timeout=self.config.read_timeout_s,
+            connect_timeout=self.config.upstream.connect_timeout_s,
+            read_timeout=self.config.upstream.read_timeout_s,
             api_key=self.config.pools[pool].api_key,
             ca_file=self.config.pools[pool].ca_file,
         )
@@ -227,7 +228,13 @@ class Gateway:
         try:
             return await fut
         except asyncio.CancelledError:
-            self.dispatcher.cancel(req, time.monotonic())
+            now = time.monotonic()
+            outcome = fut.result() if fut.done() and not fut.cancelled() else None
+            if isinstance(outcome, Dispatch):
+                # Our turn came in the same instant the waiter left: give the slot straight back.
+                self.settle(self.dispatcher.finish(outcome, now, ok=False))
+            else:
+                self.dispatcher.cancel(req, now)
             raise
         finally:
             self._waiters.pop(req.id, None)

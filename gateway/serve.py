@@ -7,26 +7,33 @@ import os
 import uvicorn
 
 from gateway import log
-from gateway.config import Config, load_config
+from gateway.config import Config, Raw, load_config
+from gateway.config.env import PREFIX, unread
 from gateway.embedded import EmbeddedEngines
 from gateway.http.app import GatewayApp
+from gateway.http.connection import fit_descriptors, protocol_class
+from gateway.keys.admin import with_admin_key
+from gateway.limits import ClientLimits
 from gateway.runtime import Gateway
 
+# Pools from the environment make a configuration of their own, without a file.
+POOLS_OVERRIDE = PREFIX + "POOLS__"
 
-def uvicorn_config(app: GatewayApp, host: str, port: int) -> uvicorn.Config:
+
+def uvicorn_config(app: GatewayApp, host: str, port: int, limits: ClientLimits) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=protocol_class(limits),
         lifespan="on",
         access_log=False,
         server_header=False,
         date_header=False,
         log_level="warning",
         backlog=4096,
-        timeout_keep_alive=75,
+        timeout_keep_alive=limits.keepalive_timeout_s,
     )
 
 
@@ -38,30 +45,46 @@ def _try_line(host: str, port: int, model: str) -> str:
     )
 
 
-async def serve(config_path: str | None, host: str | None, port: int | None, log_level: str | None) -> None:
+async def serve(config_path: str | None, host: str | None, port: str | None, log_level: str | None) -> None:
+    flags = {
+        "listen.host": option(host, "--host"),
+        "listen.port": option(port, "--port"),
+        "log_level": option(log_level, "--log-level"),
+    }
     embedded: EmbeddedEngines | None = None
     try:
-        if config_path is None and not any(k.startswith("GATEWAY_POOLS") for k in os.environ):
-            log.setup(log_level or "info")
+        if config_path is None and not any(name.startswith(POOLS_OVERRIDE) for name in os.environ):
             embedded = EmbeddedEngines()
+            config = load_config(base=embedded.settings(), flags=flags)
+            log.setup(config.log_level)
             embedded.launch()
             await embedded.wait_ready()
-            config: Config = embedded.config()
         else:
-            config = load_config(config_path)
-            log.setup(log_level or config.log_level)
-        config.host = host or config.host
-        config.port = port or config.port
+            config = load_config(config_path, flags=flags)
+            log.setup(config.log_level)
+        ignored = unread(Config, os.environ)
+        if ignored:
+            log.warning(
+                "environment_not_read", variables=",".join(ignored), why=f"overrides are {PREFIX}<SECTION>__<KEY>"
+            )
+        config = with_admin_key(config)
         gateway = Gateway(config)
         if embedded is not None:
             # uvicorn re-raises SIGTERM after its graceful shutdown, so a ``finally`` would not run:
             # stop the engines in the lifespan shutdown instead.
             gateway.on_stop.append(embedded.stop)
-        server = uvicorn.Server(uvicorn_config(GatewayApp(gateway), config.host, config.port))
-        log.info("listening", url=f"http://{config.host}:{config.port}", embedded=embedded is not None)
+        listen = config.listen
+        limits = fit_descriptors(config.limits)
+        server = uvicorn.Server(uvicorn_config(GatewayApp(gateway), listen.host, listen.port, limits))
+        log.info("listening", url=f"http://{listen.host}:{listen.port}", embedded=embedded is not None)
         if embedded is not None:
-            print(_try_line(config.host, config.port, embedded.model), flush=True)
+            print(_try_line(listen.host, listen.port, embedded.model), flush=True)
         await server.serve()
     finally:
         if embedded is not None:
             embedded.stop()
+
+
+def option(value: str | None, name: str) -> Raw | None:
+    """A command-line option as a configuration override that names the option in errors."""
+    return None if value is None else Raw(value, name)

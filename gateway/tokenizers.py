@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from gateway.core.prefix import token_prompt
+
 
 class PromptTokenizer(Protocol):
     def chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]: ...
@@ -73,15 +75,14 @@ def load_tokenizer(spec: str) -> PromptTokenizer:
 
 
 def prompt_token_ids(tokenizer: PromptTokenizer, body: Mapping[str, Any]) -> list[int]:
+    """The prompt's token ids: as given (``TokenPromptError`` if they are not valid ids), else tokenized."""
     messages = body.get("messages")
     if messages is not None:
         return tokenizer.chat(messages)
+    ids = token_prompt(body)
+    if ids is not None:
+        return ids
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt:
-        first = prompt[0]
-        if isinstance(first, int):
-            return [int(t) for t in prompt]
-        if isinstance(first, list):
-            return [int(t) for t in first]
-        prompt = first
+    if isinstance(prompt, list):
+        prompt = prompt[0] if prompt else ""
     return tokenizer.text(str(prompt or ""))

@@ -1,12 +1,13 @@
 """A vLLM-faithful engine simulator for machines without a GPU.
 
 One engine model (``core.EngineCore``: continuous batching, chunked prefill, a paged KV cache with
-prefix caching, preemption, FCFS or priority scheduling, step times from a ``profile``) driven in
-real time behind vLLM's OpenAI HTTP API (``python -m engines.sim``) or in virtual time by a
-simulator (``sweep``).
+prefix caching, preemption, FCFS or priority scheduling, LoRA adapters in GPU slots, step times
+from a ``profile``) driven in real time behind vLLM's OpenAI HTTP API (``python -m engines.sim``)
+or in virtual time by a simulator (``sweep``, ``gateway sim``).
 """
 
 from engines.sim.core import FCFS, PRIORITY, EngineCore, EngineRequest, StepOutput, StepResult
+from engines.sim.lora import LoraAdapter
 from engines.sim.profile import Profile, Speculative, Timing, available_profiles, load_profile
 from engines.sim.tokens import block_hashes_for_text, block_hashes_for_trace
 
@@ -15,6 +16,7 @@ __all__ = [
     "PRIORITY",
     "EngineCore",
     "EngineRequest",
+    "LoraAdapter",
     "Profile",
     "Speculative",
     "StepOutput",

@@ -1,4 +1,4 @@
-"""``python -m engines.sim``: one simulated vLLM engine behind HTTP."""
+"""``python -m engines.sim``: one simulated vLLM engine behind HTTP, spelled as ``vllm serve``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import uvicorn
 
 from engines.sim.core import FCFS, PRIORITY, EngineCore
 from engines.sim.kv_events import ZmqPublisher
+from engines.sim.models import ServedModels, parse_lora_module, runtime_lora_updating
 from engines.sim.profile import available_profiles, load_profile
+from engines.sim.protocol import ApiError
 from engines.sim.realtime import RealtimeDriver
 from engines.sim.server import SimServer
 
@@ -23,7 +25,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engines.sim", description="Simulated vLLM engine (OpenAI API).")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--model", default="sim-model", help="served model name")
+    p.add_argument("--model", default="sim-model", help="the model (its path or name: the root of /v1/models)")
+    p.add_argument(
+        "--served-model-name", nargs="+", default=None, help="names the model is served under (default: --model)"
+    )
+    p.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters")
+    p.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        help='adapters to load at start: name=path or \'{"name": ..., "path": ..., "base_model_name": ...}\'',
+    )
+    p.add_argument("--max-loras", type=int, default=1, help="adapters in GPU slots at once (a batch's limit)")
+    p.add_argument("--max-cpu-loras", type=int, default=None, help="adapters in the CPU cache (default: --max-loras)")
+    p.add_argument("--max-lora-rank", type=int, default=16)
     known = ", ".join(available_profiles())
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=f"one of {known}, or a YAML file")
     p.add_argument("--token-delay-ms", type=float, default=None, help="every engine step takes this long")
@@ -54,7 +69,7 @@ def build_server(args: argparse.Namespace) -> SimServer:
         profile = profile.with_constant_step(args.token_delay_ms)
     core = EngineCore(
         profile,
-        model=args.model,
+        model=(args.served_model_name or [args.model])[0],
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size,
@@ -64,7 +79,18 @@ def build_server(args: argparse.Namespace) -> SimServer:
         scheduling_policy=args.scheduling_policy,
         seed=args.seed,
         kv_events=args.kv_events_endpoint is not None,
+        enable_lora=args.enable_lora,
+        max_loras=args.max_loras,
+        max_cpu_loras=args.max_cpu_loras,
+        max_lora_rank=args.max_lora_rank,
     )
+    models = ServedModels(
+        args.served_model_name or [args.model],
+        args.model,
+        core.max_model_len,
+        runtime_updating=runtime_lora_updating(),
+    )
+    load_lora_modules(core, models, args.lora_modules or [])
     publisher = ZmqPublisher(args.kv_events_endpoint, args.kv_events_topic) if args.kv_events_endpoint else None
     driver = RealtimeDriver(core, publish=publisher.publish if publisher else None)
     return SimServer(
@@ -72,7 +98,23 @@ def build_server(args: argparse.Namespace) -> SimServer:
         seed=args.seed,
         prompt_tokens_details=args.enable_prompt_tokens_details,
         on_shutdown=publisher.close if publisher else None,
+        models=models,
     )
+
+
+def load_lora_modules(core: EngineCore, models: ServedModels, entries: Sequence[str]) -> None:
+    """Register ``--lora-modules`` as vLLM does at start; any failure stops the start."""
+    if entries and core.lora_slots is None:
+        raise ValueError("--lora-modules needs --enable-lora")
+    for entry in entries:
+        module = parse_lora_module(entry)
+        try:
+            models.check_load(module.name, module.path)
+            adapter = models.prepare(module.name, module.path, module.base_model_name)
+        except ApiError as exc:
+            raise ValueError(exc.message) from None
+        core.add_lora(adapter)
+        models.register(adapter)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -88,6 +130,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "host": args.host,
         "port": args.port,
         "model": core.model,
+        "served_model_names": server.models.served_names,
+        "lora_adapters": list(server.models.adapters),
+        "max_loras": core.max_loras if core.lora_slots is not None else None,
         "profile": core.profile.name,
         "block_size": core.block_size,
         "num_blocks": core.profile.num_blocks,

@@ -35,6 +35,18 @@ Scheduling rules (after ``vllm/v1/core/sched/scheduler.py``):
 - A request finishes with ``length`` at ``max_tokens`` (or ``max_model_len``), with ``stop`` at its
   natural end ``eos_at`` (not before ``min_tokens``, never with ``ignore_eos``), or with ``abort``.
 - ``priority`` is ignored under the FCFS policy (as vLLM).
+- Engines that share a ``SharedDevice`` (several engines on one GPU) take turns on it: a step's
+  device part starts when the device is free (in the order the steps asked for it) and after its
+  host part, or with it when the profile's host overlaps the device; the step ends when both have.
+- LoRA (``enable_lora``): a step's batch holds at most ``max_loras`` distinct adapters. Running
+  requests are scheduled as above; a waiting request whose adapter is not among those already
+  scheduled in this step while ``max_loras`` are is skipped (it keeps its place in the queue and
+  counts as waiting for reason ``deferred`` until it is scheduled) and admission goes on with the
+  next one. Each step brings its adapters into GPU slots (``lora.LoraSlots``) and its time grows by
+  the profile's ``LoraCosts``; an adapter loaded by the API between steps is paid for by the next
+  step. Block hashes of a LoRA request are keyed by the adapter's name and path, so one adapter's
+  cached blocks are never hits for another or for the base model. At the end of every step the
+  ``vllm:lora_requests_info`` label values are recorded with the step's end time (``lora_info``).
 """
 
 from __future__ import annotations
@@ -47,12 +59,16 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from engines.sim import tokens
-from engines.sim.kv_cache import KVCache, KVEvent, TokenIdsOf
+from engines.sim.kv_cache import BlockOwner, KVCache, KVEvent, TokenIdsOf
+from engines.sim.lora import RUNNING_EVENT, WAITING_EVENT, Applied, LoraAdapter, LoraRequestStates, LoraSlots
 from engines.sim.profile import Profile
 from engines.sim.stats import EngineStats, RequestTimes
 
 FCFS = "fcfs"
 PRIORITY = "priority"
+LORA_INFO_SERIES = 256
+"""At most this many ``vllm:lora_requests_info`` label sets are kept (vLLM keeps every one it ever
+set); the least recently set goes first, so the newest series, the one readers take, is always there."""
 
 
 @dataclass(slots=True, eq=False)
@@ -70,6 +86,10 @@ class EngineRequest:
     """Output length at which the model emits EOS (``None``: never)."""
     prompt_token_ids: Sequence[int] | None = None
     """Only for the token ids of ``BlockStored`` events; made up from block hashes when absent."""
+    lora: LoraAdapter | None = None
+    """The adapter that serves the request (``None``: the base model)."""
+    cache_salt: str | None = None
+    """Only for the extra keys of ``BlockStored`` events (the hashes already carry the salt)."""
 
 
 class StepOutput(NamedTuple):
@@ -91,9 +111,25 @@ class StepResult:
     scheduled_tokens: int = 0
     preempted: list[str] = field(default_factory=list)
     kv_events: list[KVEvent] = field(default_factory=list)
+    lora_swaps: int = 0
+    """Adapters copied into a GPU slot for this step."""
+    lora_loads: int = 0
+    """Adapters read from disk (not in the CPU cache) for this step."""
 
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
+
+
+@dataclass(slots=True)
+class SharedDevice:
+    """One GPU several engines run on: when its current work ends."""
+
+    free_at: float = 0.0
+
+    def run(self, ready: float, seconds: float) -> float:
+        """Device work of ``seconds`` that can start at ``ready``; when it ends."""
+        self.free_at = max(ready, self.free_at) + seconds
+        return self.free_at
 
 
 @dataclass(slots=True, eq=False)
@@ -109,6 +145,8 @@ class _Seq:
     num_hashed: int = 0
     stop_at: int = 0
     rng: random.Random | None = None
+    lora_events: list[int] | None = None
+    """Engine events not yet delivered with an output (``vllm:lora_requests_info`` bookkeeping)."""
 
     @property
     def num_tokens(self) -> int:
@@ -136,6 +174,11 @@ class EngineCore:
         scheduling_policy: str = FCFS,
         seed: int = 0,
         kv_events: bool = False,
+        device: SharedDevice | None = None,
+        enable_lora: bool = False,
+        max_loras: int = 1,
+        max_cpu_loras: int | None = None,
+        max_lora_rank: int = 16,
     ) -> None:
         if scheduling_policy not in (FCFS, PRIORITY):
             raise ValueError(f"scheduling_policy must be {FCFS!r} or {PRIORITY!r}")
@@ -148,6 +191,7 @@ class EngineCore:
             enable_prefix_caching=enable_prefix_caching,
         )
         self.model = model
+        self.device = device
         self.scheduling_policy = scheduling_policy
         self.seed = seed
         self.block_size = profile.block_size
@@ -163,6 +207,14 @@ class EngineCore:
         self._fcfs: deque[_Seq] = deque()
         self._heap: list[_Seq] = []
         self._order = 0
+        self._deferred: set[_Seq] = set()
+        self.lora_slots = LoraSlots(max_loras, max_cpu_loras) if enable_lora else None
+        self.max_loras = max_loras
+        self.max_lora_rank = max_lora_rank
+        self.lora_states = LoraRequestStates()
+        self.lora_info: dict[tuple[str, str], float] = {}
+        """``(running_lora_adapters, waiting_lora_adapters)`` -> end time of the last step that had them."""
+        self._pending_lora_s = 0.0
 
     # -- gauges ----------------------------------------------------------------
 
@@ -173,6 +225,21 @@ class EngineCore:
     @property
     def num_waiting(self) -> int:
         return len(self._seqs) - len(self._running)
+
+    @property
+    def loaded_loras(self) -> list[str]:
+        """Names of the adapters in GPU slots, least recently used first (none without LoRA)."""
+        return [a.name for a in self.lora_slots.active] if self.lora_slots is not None else []
+
+    @property
+    def lora_swaps(self) -> int:
+        """Adapters copied into a GPU slot so far (at start, by the API and by steps)."""
+        return self.lora_slots.swaps if self.lora_slots is not None else 0
+
+    @property
+    def num_waiting_deferred(self) -> int:
+        """Waiting requests skipped by a transient constraint (the LoRA budget), as vLLM's ``deferred``."""
+        return len(self._deferred)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -194,15 +261,70 @@ class EngineCore:
             raise ValueError("a request needs at least one prompt token")
         if req.prompt_tokens >= self.max_model_len:
             raise ValueError(f"prompt of {req.prompt_tokens} tokens does not fit max_model_len {self.max_model_len}")
+        if req.lora is not None:
+            self._check_lora(req.lora)
         req.arrival = now
         self._order += 1
         seq = _Seq(req, self._order, RequestTimes(arrival=now, max_tokens=req.max_tokens))
         seq.hashes = list(req.block_hashes[: req.prompt_tokens // self.block_size])
+        if req.lora is not None:
+            seq.hashes = tokens.keyed_block_hashes(seq.hashes, f"{req.lora.name}\0{req.lora.path}")
+            seq.lora_events = [WAITING_EVENT]
         seq.stop_at = min(req.max_tokens, self.max_model_len - req.prompt_tokens)
         if self.spec_k:
             seq.rng = random.Random(tokens.prompt_seed(req.id, self.seed))
         self._seqs[req.id] = seq
         self._enqueue(seq)
+
+    # -- LoRA adapters -------------------------------------------------------------
+
+    def _check_lora(self, adapter: LoraAdapter) -> None:
+        if self.lora_slots is None:
+            raise ValueError("LoRA is not enabled. Use --enable-lora to enable LoRA.")
+        if adapter.rank > self.max_lora_rank:
+            raise ValueError(f"LoRA rank {adapter.rank} is greater than max_lora_rank {self.max_lora_rank}.")
+
+    def add_lora(self, adapter: LoraAdapter, replace: bool = False) -> None:
+        """Load an adapter into the CPU cache and a GPU slot (vLLM's ``add_lora``); the next step pays for it."""
+        self._check_lora(adapter)
+        assert self.lora_slots is not None
+        self._pending_lora_s += self._lora_cost_s(self.lora_slots.preload(adapter, replace))
+
+    def _lora_cost_s(self, applied: Applied) -> float:
+        costs = self.profile.lora
+        ms = sum(costs.load_ms * costs.scale(a.rank) for a in applied.loaded)
+        ms += sum(costs.swap_in_ms * costs.scale(a.rank) for a in applied.swapped_in)
+        return ms / 1000.0
+
+    def _lora_step_s(self, scheduled: list[tuple[_Seq, int]], result: StepResult) -> float:
+        assert self.lora_slots is not None
+        adapters: dict[int, LoraAdapter] = {}
+        lora_tokens = 0
+        for seq, n in scheduled:
+            adapter = seq.req.lora
+            if adapter is not None:
+                adapters.setdefault(adapter.int_id, adapter)
+                lora_tokens += n
+        if not adapters:
+            return 0.0
+        applied = self.lora_slots.apply(list(adapters.values()))
+        result.lora_swaps = len(applied.swapped_in)
+        result.lora_loads = len(applied.loaded)
+        costs = self.profile.lora
+        return self._lora_cost_s(applied) + (costs.step_overhead_ms + costs.ms_per_lora_token * lora_tokens) / 1000.0
+
+    def _lora_event(self, seq: _Seq, event: int) -> None:
+        if seq.lora_events is not None:
+            seq.lora_events.append(event)
+
+    def _record_lora_info(self, end: float) -> None:
+        labels = self.lora_states.labels()
+        info = self.lora_info
+        if labels not in info and len(info) >= LORA_INFO_SERIES:
+            del info[min(info, key=info.__getitem__)]
+        info[labels] = end
+
+    # -- requests (continued) ----------------------------------------------------------
 
     def abort(self, request_id: str, now: float) -> bool:
         """Drop a request that has not finished; ``False`` if it is unknown or already done."""
@@ -263,9 +385,18 @@ class EngineCore:
                 decode_tokens += n
                 decode_seqs += 1
                 spec_in_step = spec_in_step or n > 1
-        duration = self.profile.timing.step_s(prefill, decode_tokens, len(scheduled), context, pairs)
+        host, device = self.profile.timing.split_s(prefill, decode_tokens, len(scheduled), context, pairs)
         if spec_in_step:
-            duration *= self.profile.speculative.verify_cost_factor
+            host *= self.profile.speculative.verify_cost_factor
+            device *= self.profile.speculative.verify_cost_factor
+        overlap = self.profile.timing.host_overlaps_device
+        if self.device is not None:
+            duration = max(host, self.device.run(now if overlap else now + host, device) - now)
+        else:
+            duration = max(host, device) if overlap else host + device
+        if self.lora_slots is not None:
+            duration += self._pending_lora_s + self._lora_step_s(scheduled, result)
+            self._pending_lora_s = 0.0
         end = now + duration
         result.duration_s = duration
         result.prefill_tokens = prefill
@@ -276,6 +407,8 @@ class EngineCore:
             output = self._advance(seq, n, end)
             if output is not None:
                 result.outputs.append(output)
+        if self.lora_slots is not None:
+            self._record_lora_info(end)
         self._drain_events(result)
         return result
 
@@ -314,16 +447,28 @@ class EngineCore:
             # Victims may have been taken from before this request (priority policy).
             i = i + 1 if victim is None else running.index(seq) + 1
         if not preempted:
+            loras = {s.req.lora.int_id for s in scheduled if s.req.lora is not None}
+            skipped: list[_Seq] = []
             while budget > 0 and len(running) < self.max_num_seqs:
                 seq = self._peek_waiting()
                 if seq is None:
                     break
+                lora = seq.req.lora
+                if lora is not None and len(loras) >= self.max_loras and lora.int_id not in loras:
+                    self._pop_waiting()
+                    skipped.append(seq)
+                    self._deferred.add(seq)
+                    continue
                 hit = self.cache.find_prefix(seq.hashes, (seq.num_tokens - 1) // self.block_size)
                 cached = len(hit) * self.block_size
                 n = min(seq.num_tokens - cached, budget)
                 if not self.cache.can_allocate(self._blocks_needed(seq, cached + n, len(hit)), hit):
                     break
                 self._pop_waiting()
+                self._deferred.discard(seq)
+                if lora is not None:
+                    loras.add(lora.int_id)
+                self._lora_event(seq, RUNNING_EVENT)
                 self.cache.touch(hit)
                 seq.blocks = list(hit)
                 seq.num_hashed = len(hit)
@@ -334,6 +479,8 @@ class EngineCore:
                 scheduled[seq] = n
                 budget -= n
                 self._admitted(seq, cached, now)
+            for seq in reversed(skipped):
+                self._enqueue(seq, front=True)
         return list(scheduled.items()), preempted
 
     def _admitted(self, seq: _Seq, cached: int, now: float) -> None:
@@ -358,8 +505,11 @@ class EngineCore:
         full = min(seq.num_computed + n, seq.num_tokens) // self.block_size
         upto = min(full, len(seq.hashes))
         if upto > seq.num_hashed:
-            token_ids_of = self._token_ids_of(seq) if self.kv_events is not None else None
-            self.cache.cache_blocks(seq.blocks, seq.hashes, seq.num_hashed, upto, token_ids_of)
+            token_ids_of = owner = None
+            if self.kv_events is not None:
+                token_ids_of = self._token_ids_of(seq)
+                owner = _owner(seq.req)
+            self.cache.cache_blocks(seq.blocks, seq.hashes, seq.num_hashed, upto, token_ids_of, owner)
             seq.num_hashed = upto
         return True
 
@@ -389,6 +539,7 @@ class EngineCore:
         seq.num_computed = 0
         seq.times.preemptions += 1
         self.stats.preemptions += 1
+        self._lora_event(seq, WAITING_EVENT)
         self._enqueue(seq, front=True)
 
     def _advance(self, seq: _Seq, n: int, end: float) -> StepOutput | None:
@@ -408,6 +559,8 @@ class EngineCore:
             seq.num_computed = before  # rejected drafts are not in the KV cache
             seq.num_computed += accepted
         new, reason = self._stop(seq, new)
+        if seq.lora_events:
+            self._deliver_lora_events(seq)
         first = seq.num_output == 0
         self._append_output(seq, new)
         stats = self.stats
@@ -445,10 +598,26 @@ class EngineCore:
             parent = seq.hashes[-1] if seq.hashes else tokens.root_hash()
             seq.hashes.append(tokens.output_block_hash(parent, len(seq.hashes)))
 
+    def _deliver_lora_events(self, seq: _Seq) -> None:
+        assert seq.lora_events is not None and seq.req.lora is not None
+        for event in seq.lora_events:
+            self.lora_states.update(seq.req.id, seq.req.lora.name, event)
+        seq.lora_events.clear()
+
     def _finish(self, seq: _Seq, reason: str, now: float) -> None:
+        self._deferred.discard(seq)
+        if seq.req.lora is not None:
+            self.lora_states.update(seq.req.id, seq.req.lora.name, None)
         seq.status = FINISHED
         if seq.blocks:
             self.cache.free(seq.blocks)
             seq.blocks = []
         del self._seqs[seq.req.id]
         self.stats.record_finished(seq.times, reason, seq.req.prompt_tokens, seq.num_output, now)
+
+
+def _owner(req: EngineRequest) -> BlockOwner | None:
+    if req.lora is None and not req.cache_salt:
+        return None
+    lora = req.lora
+    return BlockOwner(lora.int_id if lora else None, lora.name if lora else None, req.cache_salt)

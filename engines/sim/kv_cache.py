@@ -12,7 +12,9 @@ Rules:
 - A hit on a free block takes it out of the free queue (it is in use again).
 - Usage is the share of blocks not free, as ``vllm:kv_cache_usage_perc``.
 - When ``events`` is a list, ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` records are
-  appended to it in the order they happen, as vLLM's KV event publisher reports them.
+  appended to it in the order they happen, as vLLM's KV event publisher reports them. A stored
+  block carries its request's LoRA adapter (``lora_id``, ``lora_name``) and, per block, vLLM's
+  untagged extra keys: the adapter's name, then the ``cache_salt`` on a prompt's first block.
 """
 
 from __future__ import annotations
@@ -24,11 +26,29 @@ from dataclasses import dataclass
 
 
 @dataclass(slots=True, frozen=True)
+class BlockOwner:
+    """Who stores blocks, as far as KV events tell: the request's adapter and cache salt."""
+
+    lora_id: int | None = None
+    lora_name: str | None = None
+    cache_salt: str | None = None
+
+    def extra_keys(self, index: int) -> list[str] | None:
+        keys = [self.lora_name] if self.lora_name is not None else []
+        if index == 0 and self.cache_salt:
+            keys.append(self.cache_salt)
+        return keys or None
+
+
+@dataclass(slots=True, frozen=True)
 class BlockStored:
     block_hashes: list[int]
     parent_block_hash: int | None
     token_ids: list[int]
     block_size: int
+    lora_id: int | None = None
+    lora_name: str | None = None
+    extra_keys: list[list[str] | None] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -153,6 +173,7 @@ class KVCache:
         start: int,
         end: int,
         token_ids_of: TokenIdsOf | None = None,
+        owner: BlockOwner | None = None,
     ) -> None:
         """Give ``blocks[start:end]`` (now full) their hashes ``hashes[start:end]``."""
         if not self.enable_prefix_caching or end <= start:
@@ -169,7 +190,7 @@ class KVCache:
                 for i in range(start, end):
                     token_ids.extend(token_ids_of(i, hashes[i]))
             parent = hashes[start - 1] if start > 0 else None
-            self.events.append(BlockStored(new_hashes, parent, token_ids, self.block_size))
+            self.events.append(_stored(new_hashes, parent, token_ids, self.block_size, owner, start))
 
     def free(self, blocks: Sequence[int]) -> None:
         """Release a request's blocks, tail first (the tail is evicted before the shared head)."""
@@ -189,6 +210,15 @@ class KVCache:
         if self.events is not None:
             self.events.append(AllBlocksCleared())
         return True
+
+
+def _stored(
+    hashes: list[int], parent: int | None, token_ids: list[int], block_size: int, owner: BlockOwner | None, start: int
+) -> BlockStored:
+    if owner is None:
+        return BlockStored(hashes, parent, token_ids, block_size)
+    extra = [owner.extra_keys(start + i) for i in range(len(hashes))]
+    return BlockStored(hashes, parent, token_ids, block_size, owner.lora_id, owner.lora_name, extra)
 
 
 def lru_hit_ratio(prompts: Iterable[tuple[int, Sequence[int]]], capacity_blocks: float, block_size: int) -> float:

@@ -35,10 +35,10 @@ def event_dict(event: KVEvent) -> dict[str, Any]:
             "parent_block_hash": event.parent_block_hash,
             "token_ids": event.token_ids,
             "block_size": event.block_size,
-            "lora_id": None,
+            "lora_id": event.lora_id,
             "medium": "GPU",
-            "lora_name": None,
-            "extra_keys": [None] * len(event.block_hashes),
+            "lora_name": event.lora_name,
+            "extra_keys": event.extra_keys if event.extra_keys is not None else [None] * len(event.block_hashes),
             "group_idx": 0,
             "kv_cache_spec_kind": "full_attention",
         }

@@ -7,12 +7,18 @@ Rules:
 - Values come from the engine's live gauges and ``EngineStats``; what the simulator does not
   model (multi-modal cache, KV connectors, FLOP estimates, sleep) stays at its idle value.
 - The static text (HELP/TYPE lines, label sets, bucket bounds) is built once; a scrape only
-  formats numbers.
+  formats numbers, as ``prometheus_client`` does (``1.79e+09``, ``+Inf``).
+- With LoRA enabled, ``vllm:lora_requests_info`` comes before ``vllm:cache_config_info``, labelled only
+  by ``max_lora``, ``running_lora_adapters`` and ``waiting_lora_adapters`` (comma-joined names), one
+  series per label set the engine ever recorded, each valued at the wall time it was last set
+  (vLLM's ``set_to_current_time``): the newest series is the current state. Without LoRA it is absent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+from prometheus_client.utils import floatToGoString
 
 from engines.sim.core import EngineCore
 from engines.sim.stats import FINISH_REASONS, Histogram
@@ -70,6 +76,7 @@ HELP = {
     "request_num_preemptions": "Histogram of the number of times a request was preempted.",
     "request_prefill_kv_computed_tokens": "Histogram of new KV tokens computed during prefill "
     "(excluding cached tokens).",
+    "lora_requests_info": "Running stats on lora requests.",
     "cache_config_info": "Information of the LLMEngine CacheConfig",
 }
 
@@ -77,18 +84,24 @@ Value = Callable[[], float]
 
 
 def _num(value: float) -> str:
-    return repr(float(value))
+    return floatToGoString(value)
 
 
 def _labels(pairs: dict[str, str]) -> str:
-    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(pairs.items())) + "}"
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(pairs.items())) + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 class MetricsPage:
     """Renders one engine's ``/metrics`` text; build once per engine, call ``render`` per scrape."""
 
-    def __init__(self, core: EngineCore, created: float, engine: str = "0") -> None:
+    def __init__(self, core: EngineCore, created: float, engine: str = "0", wall_offset: float = 0.0) -> None:
+        """``wall_offset`` turns the core's clock into wall time (``time.time() - time.monotonic()``)."""
         self.core = core
+        self.wall_offset = wall_offset
         self.created = _num(created)
         self.base = {"engine": engine, "model_name": core.model}
         self._parts: list[Callable[[list[str]], None]] = []
@@ -166,7 +179,10 @@ class MetricsPage:
         self._gauge("num_requests_waiting", [({}, lambda: core.num_waiting)])
         self._gauge(
             "num_requests_waiting_by_reason",
-            [({"reason": "capacity"}, lambda: core.num_waiting), ({"reason": "deferred"}, zero)],
+            [
+                ({"reason": "capacity"}, lambda: core.num_waiting - core.num_waiting_deferred),
+                ({"reason": "deferred"}, lambda: core.num_waiting_deferred),
+            ],
         )
         self._gauge(
             "engine_sleep_state",
@@ -228,7 +244,16 @@ class MetricsPage:
             ("request_prefill_kv_computed_tokens", "request_prefill_kv_computed"),
         ):
             self._histogram(name, lambda attr=attr: getattr(stats, attr))
+        if core.lora_slots is not None:
+            self._parts.append(self._lora_info)
         self._static(self._head("cache_config_info", _GAUGE, "cache_config_info") + self._cache_config_line())
+
+    def _lora_info(self, out: list[str]) -> None:
+        out.append(self._head("lora_requests_info", _GAUGE, "lora_requests_info"))
+        max_lora = str(self.core.max_loras)
+        for (running, waiting), at in self.core.lora_info.items():
+            labels = {"max_lora": max_lora, "running_lora_adapters": running, "waiting_lora_adapters": waiting}
+            out.append(f"vllm:lora_requests_info{_labels(labels)} {_num(at + self.wall_offset)}\n")
 
     def _cache_config_line(self) -> str:
         core = self.core

@@ -12,6 +12,23 @@ tokens (one per decoding sequence, ``1 + k`` with speculative decoding), ``S`` s
 
 ``memory`` is the memory-bound floor of a GPU step (weights and KV streamed once per step); a CPU
 profile leaves it at zero and the step is plain compute. A step that schedules nothing takes no time.
+
+The first two terms are the host's part of a step (scheduling, kernel launches), ``max(compute,
+memory)`` the device's: engines that share one GPU (``EngineCore(device=...)``) take turns on it
+for their device parts only. With ``host_overlaps_device`` the device runs kernels while the host
+is still launching them (a GPU in eager mode), and a step takes ``max(host, device)`` instead of
+their sum.
+
+Before a request reaches the engine's scheduler, the API server spends
+``request_overhead_ms + request_ms_per_prompt_token * prompt_tokens`` on it (parsing, input
+processing, the hop to the engine, cached tokens or not): it adds to TTFT but occupies no step.
+
+With LoRA enabled, a step also pays for its adapters (``lora`` section, ``LoraCosts``)::
+
+    step += swap_in_ms * rank/16    for each adapter copied into a GPU slot this step
+          + load_ms * rank/16       for each adapter read from disk (not in the CPU cache) this step
+          + step_overhead_ms        when the batch has any LoRA token
+          + ms_per_lora_token * L   for the step's L tokens of LoRA requests
 """
 
 from __future__ import annotations
@@ -37,12 +54,22 @@ class Timing:
     prefill_attention_ms_per_mpair: float = 0.0
     """Attention of prefill chunks: per million (new token, attended token) pairs, so a long
     prompt's prefill grows with its square, as causal attention does."""
+    request_overhead_ms: float = 0.0
+    request_ms_per_prompt_token: float = 0.0
+    host_overlaps_device: bool = False
 
     def step_s(
         self, prefill_tokens: int, decode_tokens: int, seqs: int, context_tokens: int, prefill_pairs: float = 0.0
     ) -> float:
+        host, device = self.split_s(prefill_tokens, decode_tokens, seqs, context_tokens, prefill_pairs)
+        return max(host, device) if self.host_overlaps_device else host + device
+
+    def split_s(
+        self, prefill_tokens: int, decode_tokens: int, seqs: int, context_tokens: int, prefill_pairs: float = 0.0
+    ) -> tuple[float, float]:
+        """The step's host part and device part, in seconds."""
         if seqs == 0:
-            return 0.0
+            return 0.0, 0.0
         kctx = context_tokens / 1000.0
         compute = (
             self.prefill_ms_per_token * prefill_tokens
@@ -51,7 +78,11 @@ class Timing:
             + self.prefill_attention_ms_per_mpair * prefill_pairs / 1e6
         )
         memory = self.weights_ms + self.kv_read_ms_per_ktoken * kctx
-        return (self.overhead_ms + self.per_seq_ms * seqs + max(compute, memory)) / 1000.0
+        return (self.overhead_ms + self.per_seq_ms * seqs) / 1000.0, max(compute, memory) / 1000.0
+
+    def request_s(self, prompt_tokens: int) -> float:
+        """What the API server spends on a request before the scheduler sees it."""
+        return (self.request_overhead_ms + self.request_ms_per_prompt_token * prompt_tokens) / 1000.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -68,6 +99,26 @@ class Speculative:
 
 
 @dataclass(slots=True, frozen=True)
+class LoraCosts:
+    """What adapters add to a step's time. ``swap_in_ms`` and ``load_ms`` are for a rank-16 adapter and
+    scale with the rank (both move the adapter's weights, whose size is proportional to it).
+
+    The defaults are estimates for a 7-8B model on one GPU with LoRA on the attention projections:
+    a rank-16 adapter is about 17M parameters (34 MB in bf16), about 2 ms to copy into a slot over
+    PCIe and about 20 ms to read and prepare from local disk; the LoRA kernels (punica SGMV/BGMV)
+    add a little per step and per token.
+    """
+
+    swap_in_ms: float = 2.0
+    load_ms: float = 20.0
+    step_overhead_ms: float = 0.5
+    ms_per_lora_token: float = 0.0
+
+    def scale(self, rank: int) -> float:
+        return max(1, rank) / 16.0
+
+
+@dataclass(slots=True, frozen=True)
 class Profile:
     name: str
     block_size: int = 16
@@ -78,6 +129,7 @@ class Profile:
     enable_prefix_caching: bool = True
     timing: Timing = field(default_factory=Timing)
     speculative: Speculative = field(default_factory=Speculative)
+    lora: LoraCosts = field(default_factory=LoraCosts)
     description: str = ""
 
     def with_overrides(self, **overrides: Any) -> Profile:
@@ -86,7 +138,7 @@ class Profile:
 
     def with_constant_step(self, step_ms: float) -> Profile:
         """Every step takes ``step_ms`` whatever it does (``--token-delay-ms``)."""
-        return replace(self, timing=Timing(overhead_ms=step_ms), speculative=Speculative())
+        return replace(self, timing=Timing(overhead_ms=step_ms), speculative=Speculative(), lora=LoraCosts(0, 0, 0, 0))
 
 
 def available_profiles() -> list[str]:
@@ -106,7 +158,7 @@ def load_profile(name_or_path: str) -> Profile:
 
 def profile_from_dict(data: dict[str, Any], default_name: str = "custom") -> Profile:
     engine = dict(data.get("engine") or {})
-    known = {f.name for f in fields(Profile)} - {"name", "timing", "speculative", "description"}
+    known = {f.name for f in fields(Profile)} - {"name", "timing", "speculative", "lora", "description"}
     unknown = set(engine) - known
     if unknown:
         raise ValueError(f"unknown engine fields: {sorted(unknown)}")
@@ -114,6 +166,7 @@ def profile_from_dict(data: dict[str, Any], default_name: str = "custom") -> Pro
         name=str(data.get("name", default_name)),
         timing=_build(Timing, data.get("timing")),
         speculative=_build(Speculative, data.get("speculative")),
+        lora=_build(LoraCosts, data.get("lora")),
         description=str(data.get("description", "")),
         **engine,
     )

@@ -76,7 +76,12 @@ def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | No
     else:
         kind, msg = "int_type", "Input should be a valid integer"
     detail = {"type": kind, "loc": ["body", name], "msg": msg, "input": value}
-    raise ApiError(400, orjson.dumps([detail]).decode(), name)
+    try:
+        message = orjson.dumps([detail]).decode()
+    except orjson.JSONEncodeError:
+        # Nested deeper than orjson writes (255 levels): say so rather than fail with a 500.
+        message = orjson.dumps([{**detail, "input": "<nested too deeply to show>"}]).decode()
+    raise ApiError(400, message, name)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -89,10 +94,24 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def int_field(body: dict[str, Any], name: str, default: int | None) -> int | None:
+    """``body[name]`` as an int, parsed as pydantic's lax mode does (a 400 otherwise)."""
+    return _int_field(body, name, default)
+
+
+def missing_fields(body: dict[str, Any], names: tuple[str, ...]) -> None:
+    """A 400 naming the required fields ``body`` lacks, worded as vLLM's request validation error."""
+    missing = [name for name in names if name not in body]
+    if not missing:
+        return
+    items = f"'<dict of {len(body)} items>'"
+    lines = [f"  {{'type': 'missing', 'loc': 'body.{n}', 'msg': 'Field required', 'input': {items}}}" for n in missing]
+    count = f"{len(missing)} validation error" + ("s" if len(missing) > 1 else "")
+    raise ApiError(400, "\n".join([f"{count}:", *lines]), f"body.{missing[0]}", "Bad Request")
+
+
 def parse_generate(body: dict[str, Any], kind: str, served_model: str, max_model_len: int, seed: int) -> ParsedRequest:
-    model = body.get("model") or served_model
-    if model != served_model:
-        raise ApiError(404, f"The model `{model}` does not exist.", "model")
+    """A generation request; ``served_model`` is the name its reply gives (the caller resolved ``model``)."""
     prompt_ids: list[int] | None = None
     if kind == CHAT:
         messages = body.get("messages")
@@ -161,11 +180,14 @@ def parse_generate(body: dict[str, Any], kind: str, served_model: str, max_model
 
 
 def _completion_prompt(prompt: Any) -> tuple[str | None, list[int] | None]:
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one prompt; ``[5]`` is one token id
     if isinstance(prompt, str):
         return prompt, None
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        for token in prompt:
+            if not 0 <= token < tokens.VOCAB_SIZE:
+                raise ApiError(400, f"Token id {token} is out of vocabulary", "prompt")
         return None, prompt
     if prompt is None:
         raise ApiError(400, "Field required: prompt", "prompt")
@@ -286,9 +308,6 @@ def now_created() -> int:
 
 
 def embeddings_response(body: dict[str, Any], served_model: str, dims: int = 256) -> bytes:
-    model = body.get("model") or served_model
-    if model != served_model:
-        raise ApiError(404, f"The model `{model}` does not exist.", "model")
     inputs = body.get("input")
     if isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], int)):
         inputs = [inputs]

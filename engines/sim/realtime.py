@@ -67,6 +67,12 @@ class Stream:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    async def until_finished(self) -> str | None:
+        """Wait for the end of the request; its finish reason."""
+        while not self.finished:
+            await self.next()
+        return self.reason
+
     async def next(self) -> tuple[int, bool, str | None]:
         """Tokens delivered since the last call (waits for at least one, or the end)."""
         while self.pending == 0 and not self.finished:

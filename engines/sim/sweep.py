@@ -94,7 +94,9 @@ def run_level(
         prompts.append((prompt, hashes))
         rid = f"r{index}"
         records[rid] = _Record(index, now, out)
-        return now, EngineRequest(rid, prompt, hashes, max_tokens=out, ignore_eos=True)
+        # The API server's share reaches the scheduler later; TTFT counts from the send.
+        ready = now + profile.timing.request_s(prompt)
+        return ready, EngineRequest(rid, prompt, hashes, max_tokens=out, ignore_eos=True)
 
     def on_output(now: float, out: StepOutput) -> list[tuple[float, EngineRequest]]:
         rec = records[out.request_id]

@@ -165,3 +165,13 @@ def embedding(key: bytes, dims: int) -> list[float]:
     raw = [(_xxh3(key, seed=i) / _MASK) * 2.0 - 1.0 for i in range(dims)]
     norm = sum(v * v for v in raw) ** 0.5 or 1.0
     return [v / norm for v in raw]
+
+
+def keyed_block_hashes(hashes: Sequence[int], key: str) -> list[int]:
+    """The same chain of block hashes under a key (a LoRA adapter's name and path).
+
+    Block ``i`` of the result depends on the chained hash ``i`` (the whole prefix) and the key, so
+    two prompts share it exactly when they share the prefix and the key, as vLLM's extra keys do.
+    """
+    seed = _xxh3(key.encode(), seed=_ROOT)
+    return [_xxh3(_PAIR.pack(h & _MASK, 2), seed=seed) for h in hashes]

@@ -14,6 +14,12 @@ Rules:
 - A batch finalises when no line is pending or in flight; a cancelled or expired one when
   no line is in flight (the rest are abandoned). Output files have deterministic ids, so a
   finalisation retried by another replica rewrites the same files.
+- Every batch reaches a terminal state. Only an unreachable store is waited out; any other
+  exception while a batch is advanced, validated or finalised fails that batch with
+  ``errors`` saying so (``batch_step_failed``), and an exception while a line runs fails
+  that line: a fault that would repeat is never retried.
+- A batch whose owner's API key is revoked (or gone) is cancelled, with ``errors`` saying
+  why (``api_key_revoked``): nobody can read its results any more.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from gateway.store.records import (
 T = TypeVar("T")
 RETRY_LATER = frozenset({429, 503})
 ENGINE_FAILED = frozenset({500, 502, 504})
+LIVE = (VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,10 +157,24 @@ class BatchRunner:
                 await asyncio.wait_for(self._wake.wait(), self.settings.poll_s)
 
     async def _tick(self) -> None:
+        revoked: dict[str, bool] = {}
         for batch_id in await self.store.active_batches():
-            record = await self.store.get_batch(batch_id)
-            if record is not None:
+            try:
+                record = await self.store.get_batch(batch_id)
+                if record is None:
+                    continue
+                if record.owner and record.status in (VALIDATING, IN_PROGRESS):
+                    if record.owner not in revoked:
+                        revoked[record.owner] = await self._revoked(record.owner)
+                    if revoked[record.owner]:
+                        await self._cancel_for_revoked_key(record)
+                        continue
                 await self._advance(record)
+            except StoreUnavailable:
+                raise
+            except Exception as exc:
+                log.error("batch_advance_failed", batch_id=batch_id, exc_info=True)
+                await self._fail(batch_id, LIVE, "advance", exc)
         now = time.monotonic()
         if now - self._swept_at >= self.settings.sweep_s:
             self._swept_at = now
@@ -181,7 +202,7 @@ class BatchRunner:
         lease = self.settings.lease_s
         if record.status == VALIDATING:
             if await self.store.lease_batch(record.id, [VALIDATING], self.claimant, lease):
-                self._step(record.id, self._validate(record))
+                self._step(record.id, self._validate(record), (VALIDATING,), "validate")
         elif record.status == IN_PROGRESS:
             if now >= record.expires_at:
                 await self.store.update_batch(
@@ -206,9 +227,9 @@ class BatchRunner:
             if counts.live == 0 and await self.store.lease_batch(
                 record.id, [FINALIZING, CANCELLING], self.claimant, lease
             ):
-                self._step(record.id, self._finalize(record))
+                self._step(record.id, self._finalize(record), (FINALIZING, CANCELLING), "finalize")
 
-    def _step(self, batch_id: str, coro: Awaitable[None]) -> None:
+    def _step(self, batch_id: str, coro: Awaitable[None], statuses: tuple[str, ...], what: str) -> None:
         self._steps.add(batch_id)
 
         async def step() -> None:
@@ -216,13 +237,42 @@ class BatchRunner:
                 await coro
             except StoreUnavailable as exc:
                 log.warning("batch_step_interrupted", batch_id=batch_id, reason=str(exc))
-            except Exception:
-                log.error("batch_step_failed", batch_id=batch_id, exc_info=True)
+            except Exception as exc:
+                log.error("batch_step_failed", batch_id=batch_id, step=what, exc_info=True)
+                with contextlib.suppress(StoreUnavailable):
+                    await self._fail(batch_id, statuses, what, exc)
             finally:
                 self._steps.discard(batch_id)
                 self.wake()
 
         self._spawn(step(), f"batch step {batch_id}")
+
+    async def _fail(self, batch_id: str, statuses: tuple[str, ...], what: str, exc: Exception) -> None:
+        """End a batch that cannot go on: a fault that repeats must not hold it (or the log) forever."""
+        message = f"The gateway could not {what} this batch ({type(exc).__name__}); its log names batch {batch_id}."
+        error = {"code": "batch_step_failed", "message": message, "param": None, "line": None}
+        if await self.store.update_batch(batch_id, statuses, status=FAILED, failed_at=int(time.time()), errors=[error]):
+            await self.store.drop_lines(batch_id)
+            log.warning("batch_failed", batch_id=batch_id, step=what, reason=type(exc).__name__)
+
+    # -- revoked keys --------------------------------------------------------------------
+
+    async def _revoked(self, owner: str) -> bool:
+        key = await self.store.get_key(owner)
+        return key is None or not key.active
+
+    async def _cancel_for_revoked_key(self, record: BatchRecord) -> None:
+        message = (
+            "The API key that created this batch was revoked: the batch was cancelled, "
+            "and its unfinished requests were not run."
+        )
+        error = {"code": "api_key_revoked", "message": message, "param": None, "line": None}
+        now = int(time.time())
+        if await self.store.update_batch(
+            record.id, [VALIDATING, IN_PROGRESS], status=CANCELLING, cancelling_at=now, errors=[error]
+        ):
+            log.info("batch_cancelled_key_revoked", batch_id=record.id, key_id=record.owner)
+            self.wake()
 
     # -- validation ----------------------------------------------------------------------
 
@@ -261,15 +311,19 @@ class BatchRunner:
     async def _run_line(self, record: BatchRecord, claim: Claim) -> None:
         key = (record.id, claim.index)
         line_id = request_id()
+        crashed = False
         try:
             try:
                 answer = await self.execute(record.endpoint, claim.body, record.owner, line_id)
-            except Exception as exc:
+            except Exception:
+                # The gateway's own request path broke on this line: running it again would break again.
                 log.error("batch_line_crashed", batch_id=record.id, line=claim.index, exc_info=True)
-                answer = LineResponse(500, error_body(500, f"the gateway failed to run this request: {exc}"))
+                crashed = True
+                answer = LineResponse(500, error_body(500, "The gateway failed to run this request.", "internal_error"))
             attempts = self._attempts.get(key, 0) + 1
-            if answer.status in RETRY_LATER or (
-                answer.status in ENGINE_FAILED and attempts < self.settings.max_attempts
+            if not crashed and (
+                answer.status in RETRY_LATER
+                or (answer.status in ENGINE_FAILED and attempts < self.settings.max_attempts)
             ):
                 self._attempts[key] = attempts
                 delay = min(self.settings.retry_max_s, self.settings.retry_base_s * 2 ** (attempts - 1))

@@ -5,6 +5,11 @@ Rules:
   Another owner gets 404, exactly as for an id that does not exist.
 - A file object exists only once its body is stored: a rejected or failed upload leaves
   nothing behind.
+- Each owner's files (uploads and batch outputs) count against a quota of files and bytes
+  (``file_quota_files``, ``file_quota_bytes``): an upload that would exceed it, and a new
+  batch while it is full, get 400 ``file_quota_exceeded``. Outputs of running batches are
+  always written (they may take the owner past the quota until files are deleted or expire).
+- Error messages show ids and values a client sent only as a short excerpt.
 - A new batch starts ``validating``; the runners do the rest (see ``runner``).
 """
 
@@ -17,10 +22,19 @@ from typing import Any
 
 from gateway.batch.runner import BatchRunner, Executor
 from gateway.batch.settings import BatchSettings
-from gateway.errors import ApiError
+from gateway.errors import ApiError, excerpt
 from gateway.metrics import GatewayMetrics
 from gateway.store import Blobs, DirectoryBlobs, Store
-from gateway.store.records import CANCELLING, IN_PROGRESS, TERMINAL, VALIDATING, BatchRecord, FileRecord, Page
+from gateway.store.records import (
+    CANCELLING,
+    IN_PROGRESS,
+    TERMINAL,
+    VALIDATING,
+    BatchRecord,
+    FileRecord,
+    FileUsage,
+    Page,
+)
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 WINDOWS = ("24h",)
@@ -48,7 +62,18 @@ def expires_after_seconds(value: Any, param: str) -> int:
 
 
 def _not_found(kind: str, object_id: str) -> ApiError:
-    return ApiError(404, f"No such {kind} object: {object_id}", "not_found", "id")
+    return ApiError(404, f"No such {kind} object: {excerpt(object_id)}", "not_found", "id")
+
+
+def _over_quota(used: FileUsage, quota: FileUsage, what: str) -> ApiError:
+    return ApiError(
+        400,
+        f"{what}: the files of this API key would exceed its storage quota of {quota.files} files "
+        f"and {quota.bytes} bytes (they take {used.files} files and {used.bytes} bytes now). "
+        "Delete files, or wait for them to expire.",
+        "file_quota_exceeded",
+        "file",
+    )
 
 
 class BatchService:
@@ -61,6 +86,10 @@ class BatchService:
         self.models = models
         self.blobs: Blobs = DirectoryBlobs(settings.files_dir) if settings.files_dir else store
         self.runner: BatchRunner | None = None
+
+    @property
+    def quota(self) -> FileUsage:
+        return FileUsage(self.settings.file_quota_files, self.settings.file_quota_bytes)
 
     def attach(self, execute: Executor) -> None:
         """Give the runner the gateway's request path (the HTTP layer owns it)."""
@@ -76,22 +105,39 @@ class BatchService:
 
     # -- files ---------------------------------------------------------------------------
 
+    async def upload_room(self, owner: str) -> int:
+        """The most bytes an upload of ``owner`` may have now: the file size limit, or what the quota leaves."""
+        used = await self.store.file_usage(owner)
+        quota = self.quota
+        if used.files >= quota.files or used.bytes >= quota.bytes:
+            raise _over_quota(used, quota, "This upload cannot be stored")
+        return min(self.settings.max_file_bytes, quota.bytes - used.bytes)
+
+    async def too_large(self, owner: str, size: int | None) -> ApiError:
+        """The error for an upload of ``size`` bytes (None: over the room it had) that does not fit."""
+        limit = self.settings.max_file_bytes
+        if size is not None and size > limit:
+            return ApiError(413, f"the file is {size} bytes; the limit is {limit}", "file_too_large", "file")
+        used = await self.store.file_usage(owner)
+        if size is None and used.files < self.quota.files and limit <= self.quota.bytes - used.bytes:
+            return ApiError(413, f"the file exceeds the limit of {limit} bytes", "file_too_large", "file")
+        what = "This upload cannot be stored" if size is None else f"This file of {size} bytes cannot be stored"
+        return _over_quota(used, self.quota, what)
+
     async def create_file(
         self, owner: str, filename: str, purpose: str, data: bytes, expires_after_s: int | None = None
     ) -> FileRecord:
         if purpose not in PURPOSES:
             raise ApiError(
                 400,
-                f"'purpose' must be one of {', '.join(PURPOSES)} here, got {purpose!r}",
+                f"'purpose' must be one of {', '.join(PURPOSES)} here, got {excerpt(purpose)}",
                 "invalid_value",
                 "purpose",
             )
         if not data.strip():
             raise ApiError(400, "the file is empty", "empty_file", "file")
         if len(data) > self.settings.max_file_bytes:
-            raise ApiError(
-                413, f"the file is {len(data)} bytes; the limit is {self.settings.max_file_bytes}", "file_too_large"
-            )
+            raise await self.too_large(owner, len(data))
         try:
             data.decode("utf-8")
         except UnicodeDecodeError:
@@ -103,10 +149,13 @@ class BatchService:
         record = FileRecord("file-" + secrets.token_hex(12), owner, filename, purpose, len(data), now, expires_at)
         await self.blobs.put_blob(record.id, data)
         try:
-            await self.store.put_file(record)
+            stored = await self.store.put_file(record, self.quota)
         except BaseException:
             await self.blobs.delete_blob(record.id)
             raise
+        if not stored:
+            await self.blobs.delete_blob(record.id)
+            raise await self.too_large(owner, len(data))
         return record
 
     async def get_file(self, owner: str, file_id: str) -> FileRecord:
@@ -167,6 +216,9 @@ class BatchService:
             raise ApiError(
                 400, f"the file {input_file_id} has purpose {source.purpose!r}, not 'batch'", "invalid_value"
             )
+        used = await self.store.file_usage(owner)
+        if used.files >= self.quota.files or used.bytes >= self.quota.bytes:
+            raise _over_quota(used, self.quota, "This batch would have nowhere to write its results")
         now = int(time.time())
         record = BatchRecord(
             id="batch_" + secrets.token_hex(12),

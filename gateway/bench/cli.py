@@ -28,7 +28,14 @@ import orjson
 
 from gateway.bench import loadgen, report, stats
 from gateway.bench.progress import Progress
-from gateway.bench.workload import SyntheticWorkload, load_arrivals, trace_label
+from gateway.bench.workload import (
+    DEFAULT_VOCAB_SIZE,
+    FIRST_ORDINARY_ID,
+    SyntheticWorkload,
+    TokenIds,
+    load_arrivals,
+    trace_label,
+)
 from gateway.upstream.h1 import EngineClient, UpstreamError
 
 
@@ -47,6 +54,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", type=int, default=128, help="closed loop: output tokens (max_tokens)")
     p.add_argument("--spread", type=float, default=0.25, help="closed loop: lengths drawn within ±this share")
     p.add_argument("--shared-prefix-len", type=int, default=0, help="closed loop: tokens every prompt starts with")
+    p.add_argument(
+        "--token-ids",
+        action="store_true",
+        help="send prompts as token ids (exact lengths; needs --endpoint completions)",
+    )
+    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="token ids are drawn below this")
+    p.add_argument(
+        "--trace-block-tokens", type=int, default=None, help="tokens per trace block (512 as published; fewer shrinks)"
+    )
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True, help="send ignore_eos")
     p.add_argument("--ttft-ms", type=float, default=500.0, help="TTFT budget (p99)")
     p.add_argument("--itl-ms", type=float, default=50.0, help="ITL budget (p99)")
@@ -69,6 +85,10 @@ def command_line(args: argparse.Namespace) -> str:
         parts += ["--rate-scale", f"{args.rate_scale:g}"]
         if args.duration is not None:
             parts += ["--duration", f"{args.duration:g}"]
+        if args.trace_block_tokens:
+            parts += ["--trace-block-tokens", str(args.trace_block_tokens)]
+    if args.token_ids:
+        parts += ["--token-ids", "--vocab-size", str(args.vocab_size)]
     for flag, value in (("--model", args.model), ("--x-priority", args.x_priority)):
         if value:
             parts += [flag, value]
@@ -135,6 +155,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"gateway bench: --concurrency takes levels like 1,2,4; got {args.concurrency!r}") from None
     if args.concurrency and (not levels or min(levels) < 1):
         raise SystemExit("gateway bench: concurrency levels must be positive integers")
+    if args.token_ids and args.endpoint != "completions":
+        raise SystemExit(
+            "gateway bench: --token-ids sends prompts as token ids, which only --endpoint completions takes"
+        )
+    if args.vocab_size <= FIRST_ORDINARY_ID:
+        raise SystemExit(f"gateway bench: --vocab-size must be above {FIRST_ORDINARY_ID}")
+    if args.trace_block_tokens is not None and args.trace_block_tokens < 1:
+        raise SystemExit("gateway bench: --trace-block-tokens must be positive")
+    token_ids = TokenIds(args.vocab_size) if args.token_ids else None
     url = _base_url(args.url)
     try:
         client = EngineClient(url, read_timeout=args.timeout, max_idle=max([*levels, 1024]), api_key=args.api_key)
@@ -153,6 +182,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "url": url,
         "model": model,
         "endpoint": args.endpoint,
+        "prompts": "token ids" if token_ids else "text",
         "x_priority": args.x_priority,
         "budget": {"ttft_p99_ms": args.ttft_ms, "itl_p99_ms": args.itl_ms},
         "mode": "closed loop" if levels else "trace replay",
@@ -178,6 +208,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     seed=args.seed,
                     group=f"c={level}",
                     tag=f"{run_tag} c={level}",
+                    token_ids=token_ids,
                 )
                 progress = Progress(f"c={level}", duration=args.ramp_up + _duration(args))
                 job = loadgen.closed_loop(target, workload, level, _duration(args), progress.add, args.ramp_up)
@@ -186,8 +217,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 progress.finish(_summary(row))
                 results["runs"].append(row)
         else:
-            arrivals = load_arrivals(args.trace, args.rate_scale, args.duration, args.x_priority, run_tag)
-            results["workload"] = {"traces": args.trace, "rate_scale": args.rate_scale, "duration_s": args.duration}
+            arrivals = load_arrivals(
+                args.trace, args.rate_scale, args.duration, args.x_priority, run_tag, token_ids, args.trace_block_tokens
+            )
+            results["workload"] = {
+                "traces": args.trace,
+                "rate_scale": args.rate_scale,
+                "duration_s": args.duration,
+                "trace_block_tokens": args.trace_block_tokens,
+            }
             progress = Progress("trace", total=len(arrivals))
             samples, cpu_share = await _drive(loadgen.open_loop(target, arrivals, progress.add), progress)
             progress.finish(f"requests={len(samples)}")

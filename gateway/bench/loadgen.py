@@ -5,7 +5,9 @@ Rules:
   length and ``ignore_eos``, so it produces that many tokens.
 - TTFT is from sending to the first event with content; ITL the gaps between content events,
   one gap per event even when it carries several tokens, as ``vllm bench serve`` counts. Output
-  tokens come from the usage event; without one, each content event counts as one token.
+  tokens come from the usage event; without one, each content event counts as one token. The
+  usage event's ``prompt_tokens`` and ``prompt_tokens_details.cached_tokens`` (engines started
+  with ``--enable-prompt-tokens-details``) are kept: how much of each prompt the engine had cached.
 - A status other than 200, an error event inside the stream, or a transport failure is an
   error, keyed ``"<status> <code>"`` (``"404 model_not_found"``), ``"stream <code>"``,
   ``"connect"``, ``"timeout"`` or ``"transport"``; except a 429, which is a refusal (the endpoint
@@ -52,6 +54,8 @@ class Sample:
     chunks: list[float] = field(default_factory=list)
     done: float | None = None
     output_tokens: int | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
     error: str | None = None
     refused: str | None = None
     retry_after: float | None = None
@@ -172,6 +176,9 @@ async def stream_one(target: Target, spec: RequestSpec, sample: Sample) -> None:
                     sample.chunks.append(arrived)
                 if usage := event.get("usage"):
                     sample.output_tokens = usage.get("completion_tokens")
+                    sample.prompt_tokens = usage.get("prompt_tokens")
+                    if isinstance(details := usage.get("prompt_tokens_details"), dict):
+                        sample.cached_tokens = details.get("cached_tokens")
                 if "error" in event:
                     sample.error = _error_key("stream", event)
     except ReadTimeout:

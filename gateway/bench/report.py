@@ -1,10 +1,12 @@
 """``results.json``, ``report.png`` and ``report.html`` of a benchmark.
 
 The PNG has four panels over the runs (concurrency levels or traces): TTFT p50/p99 and ITL
-p50/p99 against their budget lines, output and goodput throughput, SLO attainment with the
-error and refusal counts. The HTML is one self-contained file: the PNG inlined as base64, a table of the
-numbers and the command line that produced them. Without matplotlib the PNG is skipped and
-the HTML has the table only.
+p50/p99 against their budget lines (lines across the levels of a concurrency sweep, bars for
+traces or a single run), output and goodput throughput, SLO attainment with the error and refusal
+counts (bars: one value per run). Latency axes are logarithmic with plain tick labels (20, 50, 100).
+The HTML is one self-contained file: the PNG inlined as base64, a table of the numbers and the
+command line that produced them. Without matplotlib the PNG is skipped and the HTML has the
+table only.
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 COLUMNS = (
     ("run", "label"),
@@ -59,34 +65,63 @@ def plot(results: dict[str, Any], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig = figure(results)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def as_lines(results: dict[str, Any]) -> bool:
+    """Lines only join ordered levels (a concurrency sweep); traces, and a single run, are bars."""
+    return results["mode"] == "closed loop" and len(results["runs"]) > 1
+
+
+def figure(results: dict[str, Any]) -> Figure:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     runs = results["runs"]
     budget = results["budget"]
     xs = list(range(len(runs)))
     labels = [r["label"] for r in runs]
+    width = 0.4
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
     (ax_ttft, ax_itl), (ax_tput, ax_slo) = axes
     for ax, metric, limit in ((ax_ttft, "ttft", budget["ttft_p99_ms"]), (ax_itl, "itl", budget["itl_p99_ms"])):
-        for q, style in (("p50", "o-"), ("p99", "s-")):
-            ax.plot(xs, [_num(r.get(f"{metric}_{q}_ms")) for r in runs], style, label=f"{metric.upper()} {q}")
+        for i, (q, style) in enumerate((("p50", "o-"), ("p99", "s-"))):
+            values = [_num(r.get(f"{metric}_{q}_ms")) for r in runs]
+            if as_lines(results):
+                ax.plot(xs, values, style, label=f"{metric.upper()} {q}")
+            else:
+                ax.bar([x + (i - 0.5) * width for x in xs], values, width, label=f"{metric.upper()} {q}")
         ax.axhline(limit, color="red", linestyle="--", label=f"budget {limit:g} ms (p99)")
         ax.set_ylabel("ms")
         ax.set_yscale("log")
+        # Plain numbers (20, 50, 100, 200) rather than powers of ten, more of them on a short axis.
+        low, high = ax.get_ylim()
+        decades = math.log10(high / low)
+        subs = tuple(range(1, 10)) if decades < 1 else (1, 2, 3, 5) if decades < 2 else (1, 2, 5)
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=[float(sub) for sub in subs]))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_title(f"{metric.upper()} (per request: {'first content chunk' if metric == 'ttft' else 'chunk gaps'})")
-    width = 0.4
     ax_tput.bar([x - width / 2 for x in xs], [r["output_tokens_per_s"] for r in runs], width, label="output tokens/s")
     goodput = [r["goodput_tokens_per_s"] for r in runs]
     ax_tput.bar([x + width / 2 for x in xs], goodput, width, label="goodput tokens/s (SLO met)")
     ax_tput.set_ylabel("tokens/s")
     ax_tput.set_title("Throughput")
-    ax_slo.plot(xs, [100.0 * r["slo_attainment"] for r in runs], "o-", color="tab:green", label="SLO attainment")
+    attainment = [100.0 * r["slo_attainment"] for r in runs]
+    ax_slo.bar([x - width / 2 for x in xs], attainment, width, color="tab:green", label="SLO attainment")
     ax_slo.set_ylim(0, 105)
     ax_slo.set_ylabel("% of requests meeting TTFT and ITL budgets")
     ax_err = ax_slo.twinx()
+    errors = [r["errors"] for r in runs]
     refused = [r.get("refused", 0) for r in runs]
-    ax_err.bar(xs, [r["errors"] for r in runs], 0.4, color="tab:red", alpha=0.35, label="errors")
-    ax_err.bar(xs, refused, 0.4, bottom=[r["errors"] for r in runs], color="tab:orange", alpha=0.35, label="refused")
+    right = [x + width / 2 for x in xs]
+    ax_err.bar(right, errors, width, color="tab:red", alpha=0.6, label="errors")
+    ax_err.bar(right, refused, width, bottom=errors, color="tab:orange", alpha=0.6, label="refused")
     ax_err.set_ylabel("errors, refused")
-    ax_err.set_ylim(0, max(1, *(r["errors"] + n for r, n in zip(runs, refused, strict=True))) * 1.1)
+    ax_err.set_ylim(0, max(1, *(e + n for e, n in zip(errors, refused, strict=True))) * 1.1)
     ax_err.yaxis.get_major_locator().set_params(integer=True)
     ax_slo.set_title("SLO attainment, errors and refusals")
     lines, names = ax_slo.get_legend_handles_labels()
@@ -99,9 +134,7 @@ def plot(results: dict[str, Any], path: Path) -> bool:
         ax.grid(True, alpha=0.3)
     fig.suptitle(f"gateway bench: {results['url']} ({results['model']}, {results['mode']})", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return fig
 
 
 def _num(value: Any) -> float:

@@ -15,6 +15,10 @@ Rules:
 - Refusals (429: the endpoint keeping its budgets or limits) are counted by code apart from
   errors; a run meets its SLO when nothing failed and the p99s are within budget, whatever it
   refused.
+- Prefix hits are the engine's own word, per request: ``cached_tokens`` of its usage. The cached
+  token ratio is cached over prompt tokens of the completed requests that reported them (token
+  weighted); the per-request ratios' mean and median weigh every request alike. Absent when no
+  request reported cached tokens (engines without ``--enable-prompt-tokens-details``).
 """
 
 from __future__ import annotations
@@ -120,7 +124,25 @@ def summarize(samples: Sequence[Sample], ttft_budget_ms: float, itl_budget_ms: f
         and (out["ttft_p99_ms"] or 0.0) <= ttft_budget_ms
         and (out["itl_p99_ms"] or 0.0) <= itl_budget_ms
     )
+    out.update(cache_hits(done))
     lags = [s.lag * 1000.0 for s in measured]
     if any(lags):
         out["send_lag_p99_ms"] = _round(percentile(lags, 99))
     return out
+
+
+def cache_hits(done: Sequence[Sample]) -> dict[str, Any]:
+    reported = [s for s in done if s.cached_tokens is not None and s.prompt_tokens]
+    if not reported:
+        return {}
+    prompt = sum(s.prompt_tokens or 0 for s in reported)
+    cached = sum(s.cached_tokens or 0 for s in reported)
+    ratios = [(s.cached_tokens or 0) / (s.prompt_tokens or 1) for s in reported]
+    return {
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "cached_token_ratio": round(cached / prompt, 4),
+        "request_cached_ratio_mean": round(sum(ratios) / len(ratios), 4),
+        "request_cached_ratio_p50": round(percentile(ratios, 50), 4),
+        "requests_with_cache_hit": round(sum(1 for r in ratios if r > 0) / len(ratios), 4),
+    }

@@ -13,6 +13,11 @@ Rules:
   way ``gateway sim`` turns them into text (``TraceRequest.text``): equal ids give equal text, so
   prompts that share blocks in the trace share a prefix on the wire. Text is built when the
   request is sent (Mooncake prompts average 12k tokens; building them all up front is not needed).
+- With ``token_ids`` a prompt is a list of token ids instead (``/v1/completions`` only), so its
+  length in tokens is exact whatever the served tokenizer: a trace block is ``block_tokens`` ids
+  drawn from a generator seeded with the run's tag and the block's id (equal ids, equal tokens),
+  a synthetic prompt draws its ids fresh after ``shared_prefix_len`` common ones. Ids are drawn
+  from ``[FIRST_ORDINARY_ID, vocab_size)``, clear of the special tokens at the bottom of a vocabulary.
 """
 
 from __future__ import annotations
@@ -23,15 +28,43 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engines.sim.tokens import OUTPUT_WORDS
-from gateway.simulate.traces import CHARS_PER_TOKEN, TRACE_BLOCK_TOKENS, TraceRequest, load_trace, parse_trace_arg
+from gateway.simulate.traces import (
+    CHARS_PER_TOKEN,
+    TRACE_BLOCK_TOKENS,
+    TraceRequest,
+    load_trace,
+    parse_trace_arg,
+    scale_blocks,
+)
+
+FIRST_ORDINARY_ID = 100
+DEFAULT_VOCAB_SIZE = 32000
 
 
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
-    prompt: str
+    prompt: str | list[int]
     output_len: int
     cls: str | None = None
     group: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenIds:
+    """How token-id prompts are made: the vocabulary to draw from."""
+
+    vocab_size: int = DEFAULT_VOCAB_SIZE
+
+    def draw(self, rng: random.Random, count: int) -> list[int]:
+        return [rng.randrange(FIRST_ORDINARY_ID, self.vocab_size) for _ in range(count)]
+
+    def block(self, tag: str, block_id: int, count: int) -> list[int]:
+        return list(_block_ids(tag, block_id, count, self.vocab_size))
+
+
+@functools.lru_cache(maxsize=8192)
+def _block_ids(tag: str, block_id: int, count: int, vocab_size: int) -> tuple[int, ...]:
+    return tuple(TokenIds(vocab_size).draw(random.Random(f"{tag}/{block_id}"), count))
 
 
 class SyntheticWorkload:
@@ -48,6 +81,7 @@ class SyntheticWorkload:
         cls: str | None = None,
         group: str = "",
         tag: str = "",
+        token_ids: TokenIds | None = None,
     ) -> None:
         self.input_len = input_len
         self.output_len = output_len
@@ -56,6 +90,7 @@ class SyntheticWorkload:
         self.cls = cls
         self.group = group
         self.tag = tag
+        self.token_ids = token_ids
         self._rng = random.Random(f"bench/{seed}/{input_len}/{output_len}")
         longest = round(max(input_len, shared_prefix_len + 1) * (1.0 + spread)) * CHARS_PER_TOKEN
         self._filler = _filler(longest + 65536, seed)
@@ -67,11 +102,21 @@ class SyntheticWorkload:
 
     def next(self) -> RequestSpec:
         self._count += 1
+        if self.token_ids is not None:
+            return self._next_ids(self.token_ids)
         prompt_chars = max(self._draw(self.input_len), self.shared_prefix_len + 1) * CHARS_PER_TOKEN
         head = f"[{self.tag}] request {self._count} {self._rng.getrandbits(64):016x}. "
         need = prompt_chars - len(self._shared) - len(head)
         start = self._rng.randrange(len(self._filler) - max(need, 0))
         prompt = self._shared + head + self._filler[start : start + need]
+        return RequestSpec(prompt, self._draw(self.output_len), self.cls, self.group)
+
+    def _next_ids(self, ids: TokenIds) -> RequestSpec:
+        length = max(self._draw(self.input_len), self.shared_prefix_len + 1)
+        shared = ids.block(self.tag, -1, self.shared_prefix_len) if self.shared_prefix_len else []
+        # The tag and the count lead the random part, so no two prompts share a first block.
+        rng = random.Random(f"{self.tag}/{self._count}/{self._rng.getrandbits(64)}")
+        prompt = shared + ids.draw(rng, length - len(shared))
         return RequestSpec(prompt, self._draw(self.output_len), self.cls, self.group)
 
 
@@ -96,21 +141,37 @@ class TraceArrival:
     cls: str | None
     group: str
     tag: str = ""
+    token_ids: TokenIds | None = None
 
     def spec(self) -> RequestSpec:
-        return RequestSpec(trace_prompt(self.request, self.tag), self.request.output_len, self.cls, self.group)
+        if self.token_ids is not None:
+            prompt: str | list[int] = trace_token_ids(self.request, self.token_ids, self.tag)
+        else:
+            prompt = trace_prompt(self.request, self.tag)
+        return RequestSpec(prompt, self.request.output_len, self.cls, self.group)
 
 
 def trace_prompt(req: TraceRequest, tag: str = "") -> str:
     head = f"[{tag}] " if tag else ""
     chars = req.input_len * CHARS_PER_TOKEN
-    blocks = -(-req.input_len // TRACE_BLOCK_TOKENS)
-    return head + "".join(_block_text(block_id) for block_id in req.hash_ids[:blocks])[: max(0, chars - len(head))]
+    blocks = -(-req.input_len // req.block_tokens)
+    text = "".join(_block_text(block_id, req.block_tokens) for block_id in req.hash_ids[:blocks])
+    return head + text[: max(0, chars - len(head))]
+
+
+def trace_token_ids(req: TraceRequest, ids: TokenIds, tag: str = "") -> list[int]:
+    """``input_len`` token ids, block by block; ids past the trace's blocks are the request's own."""
+    out: list[int] = []
+    for block_id in req.hash_ids[: -(-req.input_len // req.block_tokens)]:
+        out += ids.block(tag, block_id, req.block_tokens)
+    if len(out) < req.input_len:
+        out += ids.block(f"{tag}/tail", hash(req.hash_ids) ^ req.input_len, req.input_len - len(out))
+    return out[: req.input_len]
 
 
 @functools.lru_cache(maxsize=4096)
-def _block_text(block_id: int) -> str:
-    return TraceRequest(0.0, TRACE_BLOCK_TOKENS, 1, (block_id,)).text()
+def _block_text(block_id: int, block_tokens: int = TRACE_BLOCK_TOKENS) -> str:
+    return TraceRequest(0.0, block_tokens, 1, (block_id,), block_tokens=block_tokens).text()
 
 
 def trace_label(arg: str) -> str:
@@ -125,19 +186,25 @@ def load_arrivals(
     duration: float | None = None,
     x_priority: str | None = None,
     tag: str = "",
+    token_ids: TokenIds | None = None,
+    block_tokens: int | None = None,
 ) -> list[TraceArrival]:
     """Every trace's requests on one time line, ``rate_scale`` times faster, cut at ``duration``.
 
     A request's class (its ``X-Priority``) is ``x_priority`` if given, else the trace's
-    ``@class`` if the argument names one, else none (the endpoint's default).
+    ``@class`` if the argument names one, else none (the endpoint's default). ``block_tokens``
+    rescales every trace block (``scale_blocks``).
     """
     out = []
     for arg in trace_args:
         path, cls = parse_trace_arg(arg)
         label = trace_label(arg)
         sent_cls = x_priority or (cls if "@" in arg else None)
-        out += [TraceArrival(r.arrival / rate_scale, r, sent_cls, label, tag) for r in load_trace(Path(path), cls)]
+        reqs = load_trace(Path(path), cls)
+        if block_tokens:
+            reqs = scale_blocks(reqs, block_tokens)
+        out += [TraceArrival(r.arrival / rate_scale, r, sent_cls, label, tag, token_ids) for r in reqs]
     out.sort(key=lambda a: a.arrival)
     first = out[0].arrival if out else 0.0
-    shifted = [TraceArrival(a.arrival - first, a.request, a.cls, a.group, tag) for a in out]
+    shifted = [TraceArrival(a.arrival - first, a.request, a.cls, a.group, tag, token_ids) for a in out]
     return [a for a in shifted if duration is None or a.arrival < duration]

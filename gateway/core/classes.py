@@ -76,7 +76,8 @@ def classify(header: str | None, default: str = INTERACTIVE, allowed: frozenset[
         if cls not in CLASS_RANK:
             raise ClassificationError(
                 400,
-                f"X-Priority must be one of {', '.join(CLASSES)}, got {header!r}",
+                # Only a prefix of what the client sent: a header may be many kilobytes.
+                f"X-Priority must be one of {', '.join(CLASSES)}, got {header[:32]!r}",
                 "invalid_priority",
                 "X-Priority",
             )

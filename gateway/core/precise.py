@@ -21,6 +21,7 @@ from collections.abc import Hashable, Sequence
 from xxhash import xxh3_64_intdigest
 
 from gateway.core.affinity import AffinityIndex
+from gateway.core.prefix import hash_token_blocks
 
 ROOT = xxh3_64_intdigest(b"gateway-precise-prefix")
 _UNLIMITED = 1 << 62
@@ -31,17 +32,7 @@ DEFAULT_MAX_BLOCKS = 1024
 
 def token_block_hashes(token_ids: Sequence[int], block_size: int, max_blocks: int = DEFAULT_MAX_BLOCKS) -> list[int]:
     """Chained hashes of the full ``block_size``-token blocks of a token sequence."""
-    n = min(len(token_ids) // block_size, max_blocks)
-    if n == 0:
-        return []
-    data = array("I", token_ids[: n * block_size]).tobytes()
-    width = block_size * 4
-    hashes = []
-    h = ROOT
-    for i in range(0, n * width, width):
-        h = xxh3_64_intdigest(data[i : i + width], h)
-        hashes.append(h)
-    return hashes
+    return hash_token_blocks(token_ids, ROOT, block_size, max_blocks)
 
 
 class PreciseIndex:

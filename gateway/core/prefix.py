@@ -9,11 +9,15 @@ Rules:
   means equal text up to and including block i. The chain is seeded with the model and
   ``cache_salt``, so different models or salts never share blocks.
 - At most ``max_blocks`` blocks are hashed: routing needs the leading blocks, not all.
+- A completions prompt given as token ids is hashed by blocks of ``block_tokens`` ids, not as
+  text: its length in tokens is known exactly, and equal ids mean equal blocks for the engine too.
+  Ids must be integers in ``[0, 2**32)`` (no vocabulary is larger); anything else is refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from xxhash import xxh3_64_intdigest
@@ -21,6 +25,7 @@ from xxhash import xxh3_64_intdigest
 DEFAULT_BLOCK_CHARS = 64
 DEFAULT_MAX_BLOCKS = 256
 CHARS_PER_TOKEN = 4.0
+MAX_TOKEN_ID = (1 << 32) - 1
 
 
 def render_messages(messages: Iterable[Mapping[str, Any]]) -> str:
@@ -83,15 +88,53 @@ def hash_blocks(
     block_chars: int = DEFAULT_BLOCK_CHARS,
     max_blocks: int = DEFAULT_MAX_BLOCKS,
 ) -> list[int]:
-    data = text.encode("utf-8", "surrogatepass")
-    n = min(len(data) // block_chars, max_blocks)
+    # Only the leading blocks are hashed: never encode more of a long prompt than they can hold.
+    data = text[: max_blocks * block_chars].encode("utf-8", "surrogatepass")
+    return _chain(data, block_chars, min(len(data) // block_chars, max_blocks), seed)
+
+
+def _chain(data: bytes, width: int, blocks: int, seed: int) -> list[int]:
+    """Chained hashes of the first ``blocks`` runs of ``width`` bytes of ``data``."""
     hashes: list[int] = []
     h = seed
-    for i in range(0, n * block_chars, block_chars):
-        h = xxh3_64_intdigest(data[i : i + block_chars], h)
+    for i in range(0, blocks * width, width):
+        h = xxh3_64_intdigest(data[i : i + width], h)
         hashes.append(h)
     return hashes
 
 
 def estimate_tokens(text: str) -> int:
     return int(len(text) / CHARS_PER_TOKEN) + 1
+
+
+class TokenPromptError(ValueError):
+    """A prompt given as a list that is neither text nor valid token ids."""
+
+
+def token_prompt(body: Mapping[str, Any]) -> list[int] | None:
+    """The token ids of a completions prompt given as ids (``[1, 2]``, or ``[[1, 2], ...]``: the
+    first, which leads the engine's work); ``None`` for text and chat."""
+    if body.get("messages") is not None:
+        return None
+    prompt = body.get("prompt")
+    if not isinstance(prompt, list) or not prompt:
+        return None
+    first = prompt[0]
+    if isinstance(first, str):
+        return None
+    if isinstance(first, list):
+        prompt = first
+    for token in prompt:
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token <= MAX_TOKEN_ID:
+            raise TokenPromptError(f"prompt token ids must be integers from 0 to {MAX_TOKEN_ID}; got {token!r}")
+    return prompt
+
+
+def hash_token_blocks(
+    token_ids: Sequence[int], seed: int, block_tokens: int, max_blocks: int = DEFAULT_MAX_BLOCKS
+) -> list[int]:
+    """Chained hashes of the full ``block_tokens``-id blocks of a token-id prompt."""
+    n = min(len(token_ids) // block_tokens, max_blocks)
+    if n == 0:
+        return []
+    return _chain(array("I", token_ids[: n * block_tokens]).tobytes(), block_tokens * 4, n, seed)

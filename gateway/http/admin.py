@@ -9,12 +9,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gateway.errors import ApiError
-from gateway.http.files import json_response
+from gateway.errors import ApiError, excerpt
+from gateway.http.files import json_response, read_json_object
 from gateway.keys import KeySpecError, new_key
 
 if TYPE_CHECKING:
@@ -37,7 +36,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
 
     def check(request: Request) -> None:
         if not keys.admin_secret:
-            raise ApiError(403, "the admin API is off: set keys.admin (GATEWAY_KEYS__ADMIN)", "admin_disabled")
+            raise ApiError(403, "the admin API is off: set keys.admin (GATEWAY__KEYS__ADMIN)", "admin_disabled")
         authorization = request.headers.get("authorization")
         if not keys.is_admin(authorization.encode("latin-1") if authorization else None):
             raise ApiError(401, "this endpoint needs the admin key as 'Authorization: Bearer ...'", "invalid_api_key")
@@ -45,22 +44,20 @@ def admin_router(gateway: Gateway) -> APIRouter:
     @router.post("/admin/keys")
     async def create(request: Request) -> Response:
         check(request)
-        try:
-            body = orjson.loads(await request.body() or b"{}")
-        except orjson.JSONDecodeError as exc:
-            raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "request body must be a JSON object", "invalid_json")
+        body = await read_json_object(request, empty={})
         classes = body.get("classes", ["interactive", "batch"])
         if isinstance(classes, str):
             classes = classes.split(",")
         if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
             raise ApiError(400, "'classes' must be a list of class names", "invalid_value", "classes")
         default = body.get("default_class")
+        if default is not None and not isinstance(default, str):
+            raise ApiError(400, "'default_class' must be a class name", "invalid_value", "default_class")
+        name = body.get("name") or ""
+        if not isinstance(name, str):
+            raise ApiError(400, "'name' must be a string", "invalid_value", "name")
         try:
-            key, secret = new_key(
-                str(body.get("name") or ""), classes, default, _limit(body, "rpm"), _limit(body, "tpm")
-            )
+            key, secret = new_key(name, classes, default, _limit(body, "rpm"), _limit(body, "tpm"))
         except KeySpecError as exc:
             raise ApiError(400, str(exc), "invalid_value") from None
         await store.put_key(key)
@@ -78,7 +75,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
         if not await store.revoke_key(key_id, int(time.time())):
             existing = await store.get_key(key_id)
             if existing is None:
-                raise ApiError(404, f"No such key: {key_id}", "not_found", "key_id")
+                raise ApiError(404, f"No such key: {excerpt(key_id)}", "not_found", "key_id")
         key = await store.get_key(key_id)
         assert key is not None
         return json_response(key.to_api())

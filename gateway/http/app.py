@@ -12,11 +12,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
-from gateway.errors import ApiError, error_body
+from gateway import log
+from gateway.errors import ApiError, error_body, send_error
 from gateway.http.admin import admin_router
 from gateway.http.batches import batches_router
-from gateway.http.files import caller, files_router
+from gateway.http.body_limit import BodyLimits
+from gateway.http.files import FORM_OVERHEAD, caller, files_router
 from gateway.http.internal import batch_executor
 from gateway.http.proxy import ENDPOINTS, Proxy
 from gateway.runtime import Gateway
@@ -28,8 +31,10 @@ def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> Re
 
 
 def create_api(gateway: Gateway) -> FastAPI:
-    api = FastAPI(title="priority gateway", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    # No trailing-slash redirects: they would build a URL from the client's Host header.
+    api = FastAPI(title="priority gateway", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     api.state.gateway = gateway
+    limits = gateway.config.limits
 
     @api.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> Response:
@@ -59,9 +64,27 @@ def create_api(gateway: Gateway) -> FastAPI:
         body = {"ready": ok, "pools": pools}
         return JSONResponse(body, status_code=200 if ok else 503)
 
+    @api.exception_handler(ClientDisconnect)
+    async def client_gone(_: Request, exc: ClientDisconnect) -> Response:
+        # Nobody reads this answer; it ends the request without a traceback.
+        return _json(400, error_body(400, "client disconnected", "client_disconnected"))
+
+    @api.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception) -> Response:
+        log.error("request_failed", exc_info=True, path=request.url.path[:64], reason=repr(exc)[:200])
+        return _json(500, error_body(500, "the gateway failed on this request", "internal_error"))
+
     @api.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if not limits.metrics_public:
+            await caller(gateway, request)
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @api.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request) -> Response:
+        if not limits.openapi_public:
+            await caller(gateway, request)
+        return JSONResponse(api.openapi())
 
     @api.get("/v1/models")
     async def models(request: Request) -> Response:
@@ -100,19 +123,49 @@ class GatewayApp:
         self.gateway = gateway
         self.api = api or create_api(gateway)
         self.proxy = Proxy(gateway)
+        limits = gateway.config.limits
+        upload = gateway.batches.settings.max_file_bytes + FORM_OVERHEAD
+        self.body_limits = BodyLimits(limits.max_body_bytes, {"/v1/files": max(upload, limits.max_body_bytes)})
         gateway.batches.attach(batch_executor(gateway, self.proxy))
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         kind = scope["type"]
         if kind == "http":
-            endpoint = ENDPOINTS.get(scope["path"])
+            path = scope["path"]
+            if len(path) > 1 and path[-1] == "/":
+                # One route per resource, with or without the slash: no redirect to a Host we were told.
+                path = path.rstrip("/") or "/"
+                scope = {**scope, "path": path, "raw_path": scope.get("raw_path", b"").rstrip(b"/") or b"/"}
+            try:
+                receive = self.body_limits.bounded(scope, receive)
+            except ApiError as exc:
+                await send_error(send, exc)
+                return
+            endpoint = ENDPOINTS.get(path)
             if endpoint is not None and scope["method"] == "POST":
                 await self.proxy.handle(scope, receive, send, endpoint)
                 return
-        elif kind == "lifespan":
+            await self._api(scope, receive, send)
+            return
+        if kind == "lifespan":
             await self._lifespan(receive, send)
             return
         await self.api(scope, receive, send)
+
+    async def _api(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.api(scope, receive, tracked)
+        except Exception:
+            # FastAPI has answered (and logged) through the Exception handler, then re-raised.
+            if not started:
+                await send_error(send, ApiError(500, "the gateway failed on this request", "internal_error"))
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         while True:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gateway.core.classes import BATCH
 from gateway.errors import ApiError
-from gateway.http.files import caller, json_response, page_limit, page_response
+from gateway.http.files import caller, json_response, page_limit, page_response, read_json_object
 
 if TYPE_CHECKING:
     from gateway.runtime import Gateway
@@ -29,13 +28,7 @@ def batches_router(gateway: Gateway) -> APIRouter:
     @router.post("/v1/batches")
     async def create(request: Request) -> Response:
         who = await owner(request, creating=True)
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError as exc:
-            raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "request body must be a JSON object", "invalid_json")
-        record = await service.create_batch(who, body)
+        record = await service.create_batch(who, await read_json_object(request))
         return json_response(record.to_api())
 
     @router.get("/v1/batches")

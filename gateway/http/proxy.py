@@ -1,8 +1,17 @@
 """The hot path: OpenAI inference requests in, engine bytes out.
 
 It parses only what routing needs (a handful of headers and the JSON body's model,
-prompt and stream flag), asks the core where to go, and relays the engine's bytes
-unchanged, timestamping streamed chunks for TTFT and inter-token latency.
+prompt and stream flag), asks the core where to go, and relays the engine's bytes,
+timestamping streamed chunks for TTFT and inter-token latency.
+
+Rules:
+- Only the raw body and the routing fields in ``RouteRequest`` outlive parsing; the bodies
+  waiting in a pool's queue together stay within ``limits.max_queued_bytes``.
+- A client that disconnects is noticed wherever its request is: queued (its place is freed
+  at once) or relayed (the engine connection is closed, so generation stops).
+- Every attempt has a total deadline; an engine answer that is not what the client asked for
+  (an error, not JSON, cut short) becomes an error in OpenAI's shape.
+- Any other exception is a logged 500 in OpenAI's shape; every dispatch is finished exactly once.
 """
 
 from __future__ import annotations
@@ -14,24 +23,32 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from gateway import log
-from gateway.core.classes import ClassificationError, classify
+from gateway.core.classes import Budget, ClassificationError, classify
 from gateway.core.dispatcher import Dispatch, Outcome, Queued, Rejection
 from gateway.core.precise import token_block_hashes
-from gateway.core.prefix import chain_seed, estimate_tokens, hash_blocks, prompt_text
+from gateway.core.prefix import (
+    TokenPromptError,
+    chain_seed,
+    estimate_tokens,
+    hash_blocks,
+    hash_token_blocks,
+    prompt_text,
+    token_prompt,
+)
 from gateway.core.request import RouteRequest
 from gateway.errors import ApiError, error_body
+from gateway.http.answers import engine_error, is_event_stream, is_json, json_object, not_json
+from gateway.http.body import echo, max_tokens_of, parse_body, with_priority
+from gateway.ratelimit import Meter
 from gateway.tokenizers import prompt_token_ids
-from gateway.upstream.h1 import ConnectError, ReadTimeout, Response, UpstreamError
+from gateway.upstream.h1 import ConnectError, OutOfDescriptors, ReadTimeout, Response, UpstreamError
 
 if TYPE_CHECKING:
     from gateway.runtime import Gateway
 
 Scope = dict[str, Any]
 
-_PASS_HEADERS = frozenset({b"content-type", b"content-length"})
 _SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 CLIENT_GONE = 499
 
@@ -51,11 +68,10 @@ ENDPOINTS: dict[str, Endpoint] = {
 
 
 class _RequestHeaders:
-    __slots__ = ("authorization", "content_length", "priority", "request_id", "session", "slo_tpot", "slo_ttft")
+    __slots__ = ("authorization", "priority", "request_id", "session", "slo_tpot", "slo_ttft")
 
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
         self.authorization: bytes | None = None
-        self.content_length: int | None = None
         self.priority: str | None = None
         self.request_id: str | None = None
         self.session: str | None = None
@@ -65,12 +81,12 @@ class _RequestHeaders:
             # ASGI servers give lower-case names; only the few we need are decoded.
             if name == b"x-priority":
                 self.priority = value.decode("latin-1")
-            elif name == b"content-length":
-                self.content_length = int(value) if value.isdigit() else None
             elif name == b"authorization":
                 self.authorization = value
             elif name == b"x-request-id":
-                self.request_id = value.decode("latin-1")[:128]
+                # Echoed in our headers and the engine's: printable ASCII only, else we make our own.
+                if value and len(value) <= 128 and value.isascii() and value.decode("ascii").isprintable():
+                    self.request_id = value.decode("ascii")
             elif name == b"x-session-id":
                 self.session = value.decode("latin-1")[:256]
             elif name == b"x-slo-ttft-ms":
@@ -80,34 +96,54 @@ class _RequestHeaders:
 
 
 class _Call:
-    """One client request's relay state, shared with its disconnect watcher."""
+    """One client request's relay state, shared with its disconnect watcher and its deadline."""
 
-    __slots__ = ("done", "gone", "preempted", "response", "streaming", "task")
+    __slots__ = ("done", "expired", "gone", "preempted", "response", "streaming", "task")
 
     def __init__(self) -> None:
+        self.task = asyncio.current_task()
+        self.gone = False
+        self.attempt()
+
+    def attempt(self) -> None:
         self.done = False
         self.streaming = False
-        self.gone = False
         self.preempted = False
+        self.expired = False
         self.response: Response | None = None
-        self.task = asyncio.current_task()
 
-    def preempt(self) -> bool:
-        """Stop this attempt to restart it later; False once any byte went to the client."""
-        if self.done or self.streaming or self.gone:
-            return False
-        self.preempted = True
+    def _stop(self) -> None:
         if self.response is not None:
             self.response.close()
         if self.task is not None:
             self.task.cancel()
+
+    def preempt(self) -> bool:
+        """Stop this attempt to restart it later; False once any byte went to the client."""
+        if self.done or self.streaming or self.gone or self.expired:
+            return False
+        self.preempted = True
+        self._stop()
         return True
+
+    def disconnected(self) -> None:
+        if not self.done:
+            self.gone = True
+            self._stop()
+
+    def expire(self) -> None:
+        """The attempt's total deadline passed: stop it, wherever it waits (engine or client)."""
+        if not self.done and not self.gone and not self.preempted:
+            self.expired = True
+            self._stop()
 
 
 class Proxy:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
-        self.max_body = gateway.config.max_body_bytes
+        self.limits = gateway.config.limits
+        self.deadlines = gateway.config.upstream
+        self._queued_bytes: dict[str, int] = {}
         self._requests: dict[tuple[str, str, int], Any] = {}
         self._ttft: dict[tuple[str, str], Any] = {}
         self._itl: dict[tuple[str, str], Any] = {}
@@ -146,9 +182,12 @@ class Proxy:
         headers = _RequestHeaders(scope["headers"])
         request_id = headers.request_id or uuid.uuid4().hex
         cls, pool = "-", "-"
+        meter: Meter | None = None
+        call = _Call()
+        watcher: asyncio.Task[None] | None = None
         try:
-            body = await self._read_body(receive, headers.content_length)
-            parsed = self._parse(body, endpoint)
+            body = await self._read_body(receive)
+            parsed = parse_body(body, endpoint.required)
             principal = await self.gw.auth.authenticate(headers.authorization) if self.gw.auth.required else None
             try:
                 cls = classify(
@@ -161,86 +200,107 @@ class Proxy:
                     budget = budget.tightened(headers.slo_ttft, headers.slo_tpot)
             except ClassificationError as exc:
                 raise ApiError(exc.status, exc.message, exc.code, exc.param) from None
-            model = self._model(parsed)
-            req = RouteRequest(
-                next(self._ids),
-                cls,
-                model,
-                started,
-                budget=budget,
-                session=headers.session,
-                restartable=parsed.get("stream") is not True,
-            )
-            max_tokens = parsed.get("max_tokens") or parsed.get("max_completion_tokens")
-            if isinstance(max_tokens, int):
-                req.max_tokens = max_tokens
-            if endpoint.hashes_prompt:
-                precise = self.gw.precise.get(self.gw.dispatcher.home[cls])
-                if precise is not None:
-                    token_ids = prompt_token_ids(precise.tokenizer, parsed)
-                    req.prompt_tokens = len(token_ids)
-                    req.block_tokens = precise.block_size()
-                    req.prefix = token_block_hashes(token_ids, req.block_tokens)
-                else:
-                    text = prompt_text(parsed)
-                    req.prompt_tokens = estimate_tokens(text)
-                    req.prefix = hash_blocks(text, chain_seed(model, parsed.get("cache_salt")), self.gw.block_chars)
-                    req.block_tokens = self.gw.block_tokens
+            req = self._route_request(parsed, endpoint, cls, budget, headers.session, started)
+            stream = parsed.get("stream") is True
+            own_priority = "priority" in parsed
+            # Only the raw bytes wait in the queue; what routing needed is in ``req``.
+            del parsed
             if principal is not None and self.gw.limiter is not None:
                 await self.gw.limiter.admit(principal, req)
-                send = self.gw.limiter.meter(principal, req, send)
-            dispatch = await self._admit(req)
+                meter = self.gw.limiter.meter(principal, req, send)
+                send = meter.send if meter is not None else send
+            watcher = asyncio.create_task(self._watch_disconnect(receive, call))
+            dispatch = await self._admit(req, len(body))
             pool = dispatch.pool
-            while await self._relay(scope, receive, send, endpoint, dispatch, body, parsed, request_id, started):
+            upstream = _Upstream(endpoint, body, stream, own_priority, request_id, started)
+            while await self._relay(send, upstream, dispatch, call):
                 # Preempted to make room for interactive work: queued again, start over when our turn comes.
-                dispatch = self._admitted(req, await self.gw.wait_turn(req))
+                dispatch = self._admitted(req, await self._wait(req, len(body), refuse=False))
                 pool = dispatch.pool
         except ApiError as exc:
+            call.done = True
             self._count(cls, pool, exc.status)
             await self._send_error(send, exc, cls, pool, request_id)
+        except asyncio.CancelledError:
+            if not call.gone:
+                raise
+            _uncancel()
+            self._count(cls, pool, CLIENT_GONE)
+            log.debug("client_disconnected", request_id=request_id, cls=cls, pool=pool)
+        except Exception as exc:
+            call.done = True
+            self._count(cls, pool, 500)
+            log.error("request_failed", exc_info=True, request_id=request_id, cls=cls, pool=pool, reason=repr(exc))
+            failure = ApiError(500, f"the gateway failed on this request (request id {request_id})", "internal_error")
+            await self._send_error(send, failure, cls, pool, request_id)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            if meter is not None:
+                meter.close()  # a client gone mid-stream is charged for what it was sent
 
     # -- parsing -------------------------------------------------------------------
 
-    async def _read_body(self, receive: Any, declared: int | None) -> bytes:
-        if declared is not None and declared > self.max_body:
-            raise ApiError(413, f"request body is {declared} bytes; the limit is {self.max_body}", "body_too_large")
+    async def _read_body(self, receive: Any) -> bytes:
+        # The size limit is the ASGI app's (before any route reads); this only collects the parts.
         message = await receive()
         body = message.get("body", b"")
         if not message.get("more_body"):
             return body
         parts = [body]
-        size = len(body)
         while message.get("more_body"):
             message = await receive()
             if message["type"] == "http.disconnect":
                 raise ApiError(400, "client disconnected while sending the body", "client_disconnected")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body:
-                raise ApiError(413, f"request body exceeds the limit of {self.max_body} bytes", "body_too_large")
-            parts.append(chunk)
+            parts.append(message.get("body", b""))
         return b"".join(parts)
 
-    def _parse(self, body: bytes, endpoint: Endpoint) -> dict[str, Any]:
-        if not body:
-            raise ApiError(400, "request body is empty; expected a JSON object", "invalid_json")
+    def _route_request(
+        self,
+        parsed: dict[str, Any],
+        endpoint: Endpoint,
+        cls: str,
+        budget: Budget,
+        session: str | None,
+        started: float,
+    ) -> RouteRequest:
+        model = self._model(parsed)
+        req = RouteRequest(
+            next(self._ids),
+            cls,
+            model,
+            started,
+            budget=budget,
+            session=session,
+            restartable=parsed.get("stream") is not True,
+        )
+        req.max_tokens = max_tokens_of(parsed)
+        if endpoint.hashes_prompt:
+            self._hash_prompt(req, parsed)
+        return req
+
+    def _hash_prompt(self, req: RouteRequest, parsed: dict[str, Any]) -> None:
         try:
-            parsed = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
-        if not isinstance(parsed, dict):
-            raise ApiError(400, "request body must be a JSON object", "invalid_json")
-        value = parsed.get(endpoint.required)
-        if value is None:
-            raise ApiError(400, f"'{endpoint.required}' is required", "missing_required_parameter", endpoint.required)
-        if endpoint.required == "messages" and (not isinstance(value, list) or not value):
-            raise ApiError(400, "'messages' must be a non-empty array", "invalid_value", "messages")
-        if endpoint.required == "prompt" and not isinstance(value, str | list):
-            raise ApiError(400, "'prompt' must be a string or an array", "invalid_value", "prompt")
-        stream = parsed.get("stream")
-        if stream is not None and not isinstance(stream, bool):
-            raise ApiError(400, "'stream' must be a boolean", "invalid_value", "stream")
-        return parsed
+            precise = self.gw.precise.get(self.gw.dispatcher.home[req.cls])
+            if precise is not None:
+                token_ids = prompt_token_ids(precise.tokenizer, parsed)
+                req.prompt_tokens = len(token_ids)
+                req.block_tokens = precise.block_size()
+                req.prefix = token_block_hashes(token_ids, req.block_tokens)
+                return
+            seed = chain_seed(req.model, parsed.get("cache_salt"))
+            req.block_tokens = self.gw.block_tokens
+            token_ids = token_prompt(parsed)
+            if token_ids is not None:
+                # Token ids: exact length, blocks of the engine's own size; no text estimate.
+                req.prompt_tokens = len(token_ids)
+                req.prefix = hash_token_blocks(token_ids, seed, req.block_tokens)
+                return
+        except TokenPromptError as exc:
+            raise ApiError(400, str(exc), "invalid_value", "prompt") from None
+        text = prompt_text(parsed)
+        req.prompt_tokens = estimate_tokens(text)
+        req.prefix = hash_blocks(text, seed, self.gw.block_chars)
 
     def _model(self, parsed: dict[str, Any]) -> str:
         model = parsed.get("model")
@@ -254,7 +314,7 @@ class Proxy:
         if known and model not in known:
             raise ApiError(
                 404,
-                f"The model '{model}' does not exist; served: {', '.join(sorted(known))}",
+                f"The model '{echo(model)}' does not exist; served: {', '.join(sorted(known))}",
                 "model_not_found",
                 "model",
             )
@@ -262,16 +322,42 @@ class Proxy:
 
     # -- admission -------------------------------------------------------------------
 
-    async def _admit(self, req: RouteRequest) -> Dispatch:
+    async def _admit(self, req: RouteRequest, size: int) -> Dispatch:
         metrics = self.gw.metrics
         outcome = self.gw.dispatcher.submit(req, time.monotonic())
         self.gw.settle(self.gw.dispatcher.take_notices())
         if isinstance(outcome, Queued):
             metrics.admission.labels(req.cls, "queued").inc()
             waited_from = time.monotonic()
-            outcome = await self.gw.wait_turn(req)
+            outcome = await self._wait(req, size, refuse=True)
             metrics.queue_wait.labels(req.cls).observe(time.monotonic() - waited_from)
         return self._admitted(req, outcome)
+
+    async def _wait(self, req: RouteRequest, size: int, refuse: bool) -> Outcome:
+        """Wait in the queue, the body's bytes counted against its pool's budget.
+
+        ``refuse``: a new request over the budget is turned away; one already accepted (queued
+        again after a preemption or a failed connection) always keeps its place.
+        """
+        pool = self.gw.dispatcher.home[req.cls]
+        held = self._queued_bytes.get(pool, 0)
+        limit = self.limits.max_queued_bytes
+        if refuse and held + size > limit:
+            self.gw.dispatcher.cancel(req, time.monotonic())
+            raise ApiError(
+                429,
+                f"the {pool!r} queue already holds {held} bytes of request bodies (limit {limit}); retry shortly",
+                "queue_full",
+                retry_after_s=1.0,
+            )
+        self._queued_bytes[pool] = held + size
+        gauge = self._child(self.gw.metrics.queued_bytes, pool)
+        gauge.inc(size)
+        try:
+            return await self.gw.wait_turn(req)
+        finally:
+            self._queued_bytes[pool] -= size
+            gauge.dec(size)
 
     def _admitted(self, req: RouteRequest, outcome: Outcome) -> Dispatch:
         metrics = self.gw.metrics
@@ -292,23 +378,18 @@ class Proxy:
 
     # -- relay -----------------------------------------------------------------------
 
-    def _upstream_body(self, dispatch: Dispatch, body: bytes, parsed: dict[str, Any]) -> bytes:
-        if dispatch.priority is None:
-            return body
-        parsed["priority"] = dispatch.priority
-        return orjson.dumps(parsed)
-
-    async def _connect(
-        self, endpoint: Endpoint, dispatch: Dispatch, body: bytes, parsed: dict[str, Any], request_id: str
-    ) -> tuple[Dispatch, Response]:
-        headers = ((b"content-type", b"application/json"), (b"x-request-id", request_id.encode()))
+    async def _connect(self, upstream: _Upstream, dispatch: Dispatch) -> tuple[Dispatch, Response]:
+        headers = ((b"content-type", b"application/json"), (b"x-request-id", upstream.request_id.encode()))
+        # A streamed answer starts at once (vLLM sends its head before the first token); a plain
+        # one comes whole at the end, so only the attempt's total deadline bounds it.
+        first_byte = self.deadlines.first_byte_timeout_s if upstream.stream else None
+        path = upstream.endpoint.path
         retried = False
         while True:
             engine_id = dispatch.engine.id
+            body = upstream.body_for(dispatch)
             try:
-                response = await self.gw.monitor.client(engine_id).request(
-                    b"POST", endpoint.path, headers, self._upstream_body(dispatch, body, parsed)
-                )
+                response = await self.gw.monitor.client(engine_id).request(b"POST", path, headers, body, first_byte)
                 return dispatch, response
             except ConnectError as exc:
                 self.gw.monitor.connect_failed(engine_id, str(exc))
@@ -320,12 +401,18 @@ class Proxy:
                 outcome = self.gw.dispatcher.retry(dispatch, time.monotonic())
                 self.gw.settle(self.gw.dispatcher.take_notices())
                 if isinstance(outcome, Queued):
-                    outcome = await self.gw.wait_turn(dispatch.request)
+                    outcome = await self._wait(dispatch.request, len(upstream.body), refuse=False)
                 if not isinstance(outcome, Dispatch):
                     raise ApiError(502, f"engine unreachable: {exc}", "upstream_unreachable") from None
                 self.gw.metrics.retries.labels(dispatch.pool).inc()
-                log.info("request_retried", request_id=request_id, failed=engine_id, engine=outcome.engine.id)
+                log.info("request_retried", request_id=upstream.request_id, failed=engine_id, engine=outcome.engine.id)
                 dispatch = outcome
+            except OutOfDescriptors as exc:
+                # Our own sockets ran out: the engine is fine, so it keeps its health.
+                self._finish(dispatch, ok=True)
+                log.warning("out_of_descriptors", request_id=upstream.request_id, reason=str(exc))
+                message = "the gateway is out of connections; retry shortly"
+                raise ApiError(503, message, "overloaded", retry_after_s=1.0) from None
             except ReadTimeout as exc:
                 self.gw.metrics.upstream_errors.labels(dispatch.pool, engine_id, "timeout").inc()
                 self._finish(dispatch, ok=False)
@@ -335,93 +422,105 @@ class Proxy:
                 self._finish(dispatch, ok=False)
                 raise ApiError(502, f"engine failed: {exc}", "upstream_error") from None
 
-    async def _relay(
-        self,
-        scope: Scope,
-        receive: Any,
-        send: Any,
-        endpoint: Endpoint,
-        dispatch: Dispatch,
-        body: bytes,
-        parsed: dict[str, Any],
-        request_id: str,
-        started: float,
-    ) -> bool:
+    async def _relay(self, send: Any, upstream: _Upstream, dispatch: Dispatch, call: _Call) -> bool:
         """Relay one attempt; True when it was preempted before any byte reached the client."""
-        call = _Call()
-        rid = dispatch.request.id
+        call.attempt()
+        req = dispatch.request
+        rid = req.id
         self.gw.active[rid] = call.preempt
-        watcher = asyncio.create_task(self._watch_disconnect(receive, call))
-        cls = dispatch.request.cls
+        deadline_s = self.deadlines.attempt_s(req.budget, req.max_tokens, req.arrival, time.monotonic())
+        deadline = asyncio.get_running_loop().call_later(deadline_s, call.expire)
         response: Response | None = None
         status = 502
         failure: ApiError | None = None
         try:
             # On failure _connect has settled the dispatch and raises ApiError for handle() to answer.
-            dispatch, response = await self._connect(endpoint, dispatch, body, parsed, request_id)
+            dispatch, response = await self._connect(upstream, dispatch)
             call.response = response
             status = response.status
-            out = [(k, v) for k, v in response.headers if k in _PASS_HEADERS]
-            out += [
-                (b"x-gateway-class", cls.encode()),
-                (b"x-gateway-pool", dispatch.pool.encode()),
-                (b"x-request-id", request_id.encode()),
-            ]
-            if parsed.get("stream") is True and status == 200:
-                await self._stream(send, out, response, dispatch, started, call)
+            content_type = response.header(b"content-type")
+            if upstream.stream and status == 200 and is_event_stream(content_type):
+                await self._stream(send, upstream, response, dispatch, call)
             else:
                 payload = await response.read()
                 call.done = True
-                await send({"type": "http.response.start", "status": status, "headers": out})
-                await send({"type": "http.response.body", "body": payload})
+                if status != 200:
+                    failure = engine_error(status, content_type, payload)
+                elif upstream.stream or not is_json(content_type) or json_object(payload) is None:
+                    failure = not_json(status, content_type)
+                if failure is not None:
+                    status = failure.status
+                    self._engine_failed(dispatch, upstream, f"engine answered {response.status}", "answer")
+                else:
+                    head = upstream.head(dispatch, content_type, payload)
+                    await send({"type": "http.response.start", "status": 200, "headers": head})
+                    await send({"type": "http.response.body", "body": payload})
         except asyncio.CancelledError:
-            if not (call.gone or call.preempted):
-                raise
-            current = asyncio.current_task()
-            if current is not None:
-                current.uncancel()
             if call.preempted:
-                log.info("request_preempted", request_id=request_id, engine=dispatch.engine.id)
+                _uncancel()
+                log.info("request_preempted", request_id=upstream.request_id, engine=dispatch.engine.id)
                 return True
-            status = CLIENT_GONE
-            log.debug("client_disconnected", request_id=request_id, engine=dispatch.engine.id)
+            if call.gone:
+                status = CLIENT_GONE
+                raise
+            if not call.expired:
+                raise
+            _uncancel()
+            status = 504
+            reason = f"the request exceeded its deadline of {deadline_s:g} s"
+            failure = await self._cut_short(send, upstream, dispatch, call, reason, timed_out=True)
         except UpstreamError as exc:
             if call.preempted:
                 return True
-            timeout = isinstance(exc, ReadTimeout)
+            timeout = isinstance(exc, ReadTimeout) or call.expired
             status = 504 if timeout else 502
-            kind = "timeout" if timeout else "midstream"
-            self.gw.metrics.upstream_errors.labels(dispatch.pool, dispatch.engine.id, kind).inc()
-            log.warning("upstream_failed", request_id=request_id, engine=dispatch.engine.id, reason=str(exc))
-            call.done = True
-            if call.streaming:
-                event = error_body(status, f"engine failed mid-stream: {exc}", "upstream_error")
-                await send({"type": "http.response.body", "body": b"data: " + event + b"\n\n", "more_body": False})
-            else:
-                failure = ApiError(status, f"engine failed: {exc}", "upstream_timeout" if timeout else "upstream_error")
+            failure = await self._cut_short(send, upstream, dispatch, call, str(exc), timeout)
+        except ApiError as exc:
+            status = exc.status
+            raise
         finally:
+            deadline.cancel()
             call.done = True
             self.gw.active.pop(rid, None)
-            if not watcher.done():
-                watcher.cancel()
             if response is not None:
                 response.close()
             # Idempotent: a dispatch already released (preempted, or failed in _connect) gives nothing back twice.
             self._finish(dispatch, ok=status < 500)
         if failure is not None:
             raise failure
-        self._count(cls, dispatch.pool, status)
+        self._count(req.cls, dispatch.pool, status)
         return False
 
+    def _engine_failed(self, dispatch: Dispatch, upstream: _Upstream, reason: str, kind: str) -> None:
+        self.gw.metrics.upstream_errors.labels(dispatch.pool, dispatch.engine.id, kind).inc()
+        log.warning("upstream_failed", request_id=upstream.request_id, engine=dispatch.engine.id, reason=reason)
+
+    async def _cut_short(
+        self, send: Any, upstream: _Upstream, dispatch: Dispatch, call: _Call, reason: str, timed_out: bool
+    ) -> ApiError | None:
+        """An attempt that failed or ran out of time: the error to answer, or None when the
+        stream had started and ends with an error event instead."""
+        status = 504 if timed_out else 502
+        self._engine_failed(dispatch, upstream, reason, "timeout" if timed_out else "midstream")
+        call.done = True
+        if not call.streaming:
+            code = "upstream_timeout" if timed_out else "upstream_error"
+            return ApiError(status, f"engine failed: {reason}", code)
+        event = error_body(status, f"engine failed mid-stream: {reason}", "upstream_error")
+        # The blank lines end whatever partial event the engine left, so the error event stands alone.
+        message = b"\n\ndata: " + event + b"\n\n"
+        try:
+            # A client that stopped reading must not hold this request past its deadline either.
+            async with asyncio.timeout(1.0):
+                await send({"type": "http.response.body", "body": message, "more_body": False})
+        except TimeoutError:
+            log.info("client_not_reading", request_id=upstream.request_id)
+        return None
+
     async def _stream(
-        self,
-        send: Any,
-        headers: list[tuple[bytes, bytes]],
-        response: Response,
-        dispatch: Dispatch,
-        started: float,
-        call: _Call,
+        self, send: Any, upstream: _Upstream, response: Response, dispatch: Dispatch, call: _Call
     ) -> None:
+        headers = upstream.head(dispatch, response.header(b"content-type"), None)
         await send({"type": "http.response.start", "status": 200, "headers": headers + _SSE_HEADERS})
         call.streaming = True
         ttft_metric, itl_metric = self._timers(dispatch.request.cls, dispatch.pool)
@@ -430,7 +529,7 @@ class Proxy:
         chunk = await response.next_chunk()
         last = clock()
         if chunk is not None:
-            ttft = last - started
+            ttft = last - upstream.started
             ttft_metric.observe(ttft)
             dispatcher.observe_ttft(dispatch, ttft, last)
         while chunk is not None:
@@ -450,12 +549,7 @@ class Proxy:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                if not call.done:
-                    call.gone = True
-                    if call.response is not None:
-                        call.response.close()
-                    if call.task is not None:
-                        call.task.cancel()
+                call.disconnected()
                 return
 
     async def _send_error(self, send: Any, exc: ApiError, cls: str, pool: str, request_id: str) -> None:
@@ -471,3 +565,38 @@ class Proxy:
             await send({"type": "http.response.body", "body": body})
         except RuntimeError:
             log.debug("error_after_response_started", request_id=request_id, status=exc.status)
+
+
+def _uncancel() -> None:
+    current = asyncio.current_task()
+    if current is not None:
+        current.uncancel()
+
+
+@dataclass(slots=True)
+class _Upstream:
+    """What every attempt of one request sends to an engine, and the head of what it answers."""
+
+    endpoint: Endpoint
+    body: bytes
+    stream: bool
+    own_priority: bool
+    request_id: str
+    started: float
+
+    def body_for(self, dispatch: Dispatch) -> bytes:
+        if dispatch.priority is None:
+            return self.body
+        return with_priority(self.body, dispatch.priority, replace=self.own_priority)
+
+    def head(self, dispatch: Dispatch, content_type: bytes | None, payload: bytes | None) -> list[tuple[bytes, bytes]]:
+        headers = [
+            (b"content-type", content_type or b"application/json"),
+            (b"x-gateway-class", dispatch.request.cls.encode()),
+            (b"x-gateway-pool", dispatch.pool.encode()),
+            (b"x-request-id", self.request_id.encode()),
+        ]
+        if payload is not None:
+            # Our own length, never the engine's: what we send is exactly ``payload``.
+            headers.append((b"content-length", str(len(payload)).encode()))
+        return headers

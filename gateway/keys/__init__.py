@@ -10,10 +10,12 @@ Rules:
   every replica). While the store is unreachable, cached keys keep working and unknown
   ones get 503, so interactive traffic from known callers survives a store outage. A replica
   that has never reached its store requires keys (``auto`` fails closed).
+- The cache keeps the ``CACHE_ENTRIES`` keys used last, and apart from them as many ids
+  that matched no key: a flood of made-up keys never pushes out the keys of real callers.
 - Batch lines run in-process as their owner with a credential that never leaves the
   process (``internal_authorization``): batch class only, no per-minute limits, as
   OpenAI's Batch API keeps its own limits apart from the interactive ones.
-- ``keys.admin`` (usually from ``GATEWAY_KEYS__ADMIN``) guards the /admin/keys endpoints.
+- ``keys.admin`` (usually from ``GATEWAY__KEYS__ADMIN``) guards the /admin/keys endpoints.
 """
 
 from __future__ import annotations
@@ -24,18 +26,21 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gateway import log
 from gateway.auth import ANONYMOUS, Authenticator, Principal
+from gateway.config.sections import KeysConfig
 from gateway.core.classes import BATCH, CLASSES
-from gateway.errors import ApiError
+from gateway.errors import ApiError, excerpt
 from gateway.store import Store, StoreUnavailable
 from gateway.store.records import ApiKey
 
 SECRET_PREFIX = "sk-"
+MAX_NAME = 256
+CACHE_ENTRIES = 10_000
 _INTERNAL = b"Internal "
 
 
@@ -65,13 +70,18 @@ def new_key(
     name = name.strip()
     if not name:
         raise KeySpecError("a key needs a name")
+    if len(name) > MAX_NAME:
+        raise KeySpecError(f"a key's name has at most {MAX_NAME} characters")
     chosen = list(dict.fromkeys(c.strip().lower() for c in classes if c.strip()))
     unknown = [c for c in chosen if c not in CLASSES]
     if not chosen or unknown:
-        raise KeySpecError(f"classes must be some of {', '.join(CLASSES)}; got {', '.join(classes) or 'none'}")
+        got = excerpt(", ".join(classes)) if classes else "none"
+        raise KeySpecError(f"classes must be some of {', '.join(CLASSES)}; got {got}")
     default = (default_class or chosen[0]).lower()
     if default not in chosen:
-        raise KeySpecError(f"the default class {default!r} must be one of the key's classes ({', '.join(chosen)})")
+        raise KeySpecError(
+            f"the default class {excerpt(default)} must be one of the key's classes ({', '.join(chosen)})"
+        )
     for label, value in (("rpm", rpm), ("tpm", tpm)):
         if value is not None and value <= 0:
             raise KeySpecError(f"{label} must be a positive number")
@@ -99,21 +109,46 @@ class _Cached:
     at: float
 
 
+class _Lru:
+    """At most ``size`` entries; the one used longest ago goes first."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[str, _Cached] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key_id: str) -> _Cached | None:
+        entry = self._items.get(key_id)
+        if entry is not None:
+            self._items.move_to_end(key_id)
+        return entry
+
+    def put(self, key_id: str, entry: _Cached) -> None:
+        self._items[key_id] = entry
+        self._items.move_to_end(key_id)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def pop(self, key_id: str) -> None:
+        self._items.pop(key_id, None)
+
+
 class KeyAuthenticator:
-    def __init__(self, store: Store, settings: dict[str, Any] | None = None) -> None:
-        settings = settings or {}
+    def __init__(self, store: Store, settings: KeysConfig | None = None) -> None:
+        settings = settings or KeysConfig()
         self.store = store
-        mode = settings.get("required", "auto")
-        self._mode: bool | None = None if mode in (None, "auto") else bool(mode)
+        self._mode: bool | None = None if settings.required == "auto" else settings.required
         # Unknown until the store first answers: closed, so a replica that starts during a
         # store outage does not serve keyless callers a deployment with keys would refuse.
         self._any_keys: bool | None = None
-        self.cache_s = float(settings.get("cache_s", 5.0))
-        self.refresh_s = float(settings.get("refresh_s", 2.0))
-        admin = settings.get("admin")
-        self.admin_secret: str | None = str(admin) if admin else None
+        self.cache_s = settings.cache_s
+        self.refresh_s = settings.refresh_s
+        self.admin_secret: str | None = settings.admin or None
         self._internal = secrets.token_hex(16).encode()
-        self._cache: dict[str, _Cached] = {}
+        self._known = _Lru(CACHE_ENTRIES)
+        self._unknown = _Lru(CACHE_ENTRIES)
         self._refresher: asyncio.Task[None] | None = None
 
     @property
@@ -173,7 +208,7 @@ class KeyAuthenticator:
         return principal_of(key)
 
     async def _lookup(self, key_id: str) -> ApiKey | None:
-        cached = self._cache.get(key_id)
+        cached = self._known.get(key_id) or self._unknown.get(key_id)
         now = time.monotonic()
         if cached is not None and now - cached.at < self.cache_s:
             return cached.key
@@ -185,9 +220,12 @@ class KeyAuthenticator:
             raise ApiError(
                 503, "the key store is unavailable; retry shortly", "store_unavailable", retry_after_s=1
             ) from exc
-        if len(self._cache) > 10000:
-            self._cache.clear()
-        self._cache[key_id] = _Cached(key, now)
+        if key is None:
+            self._known.pop(key_id)
+            self._unknown.put(key_id, _Cached(None, now))
+        else:
+            self._unknown.pop(key_id)
+            self._known.put(key_id, _Cached(key, now))
         return key
 
     def is_admin(self, authorization: bytes | None) -> bool:

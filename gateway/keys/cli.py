@@ -1,23 +1,19 @@
 """``gateway keys create|list|revoke``: manage API keys in the configured store.
 
-The command reads only ``store`` and ``keys`` from the config file (and ``GATEWAY_*``
-overrides). Keys need a store that outlives the command: Redis (``store: redis://...``,
-shared by every replica) or, for a single in-process replica, ``keys.file``.
+The command uses only ``store`` and ``keys`` of the config file (and ``GATEWAY__*``
+overrides), though it checks all of it. Keys need a store that outlives the command:
+Redis (``store: redis://...``, shared by every replica) or, for a single in-process
+replica, ``keys.file``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
-from pathlib import Path
-from typing import Any
 
-import yaml
-
-from gateway.config import apply_env_overrides
+from gateway.config import KeysConfig, load_config
 from gateway.keys import KeySpecError, new_key
 from gateway.store import Store, StoreUnavailable, open_store
 
@@ -37,30 +33,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         command.add_argument("--config", help="YAML config file (its store and keys sections are used)")
 
 
-def store_settings(path: str | None) -> tuple[str, dict[str, Any]]:
-    data: dict[str, Any] = {}
-    if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise SystemExit(f"{path}: the top level must be a mapping")
-        data = loaded
-    apply_env_overrides(data, os.environ)
-    keys = data.get("keys") or {}
-    if not isinstance(keys, dict):
-        raise SystemExit("keys must be a mapping")
-    return str(data.get("store") or "memory"), keys
+def store_settings(path: str | None) -> tuple[str, KeysConfig]:
+    config = load_config(path, pools_required=False)
+    return config.store, config.keys
 
 
 def main(args: argparse.Namespace) -> int:
     url, keys = store_settings(args.config)
-    if url == "memory" and not keys.get("file"):
+    if url == "memory" and not keys.file:
         print(
             "gateway keys: the in-process store forgets keys when this command ends; "
             "set store: redis://... or keys.file in the config",
             file=sys.stderr,
         )
         return 2
-    store = open_store(url, keys)
+    store = open_store(url, keys.file)
     try:
         return asyncio.run(_run(store, args))
     except StoreUnavailable as exc:

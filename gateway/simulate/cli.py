@@ -11,21 +11,22 @@ Two forms:
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from engines.sim.profile import Profile, load_profile
+from gateway.config import ClassesConfig, ConfigError, PrefixPolicyConfig, Raw
+from gateway.config.schema import build, convert
 from gateway.core.classes import BATCH, INTERACTIVE, Budget
 from gateway.core.dispatcher import AdmissionSettings
-from gateway.core.prefix_policy import PrefixAffinity
 from gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup
 from gateway.simulate.counterfactual import false_refusals
 from gateway.simulate.report import summarize
-from gateway.simulate.traces import TraceRequest, load_trace, merge, parse_trace_arg
+from gateway.simulate.traces import TraceRequest, load_trace, merge, parse_trace_arg, scale_blocks
 
 POLICIES = ("round_robin", "least_loaded", "prefix")
 
@@ -37,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="prefix", help=f"comma-separated routing policies: {', '.join(POLICIES)}")
     p.add_argument("--rate-scale", type=float, default=1.0, help="replay the trace X times faster")
     p.add_argument("--minutes", type=float, default=None, help="replay only the first M minutes")
+    p.add_argument("--engines-per-device", type=int, default=1, help="engines sharing one GPU (taking turns on it)")
+    p.add_argument(
+        "--trace-block-tokens", type=int, default=None, help="tokens per trace block (512 as published; fewer shrinks)"
+    )
     p.add_argument("--batch-flood", type=int, default=0, help="keep N batch requests outstanding")
     p.add_argument(
         "--flood-lengths",
@@ -46,8 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--admission", choices=("on", "off"), default="on", help="SLO admission control")
     p.add_argument("--shared-pool", action="store_true", help="one FCFS pool for both classes (the naive baseline)")
-    p.add_argument("--ttft-ms", type=float, default=500.0, help="interactive TTFT p99 budget")
-    p.add_argument("--itl-ms", type=float, default=50.0, help="interactive ITL p99 budget")
+    interactive = ClassesConfig().interactive
+    p.add_argument("--ttft-ms", type=float, default=interactive.ttft_p99_ms, help="interactive TTFT p99 budget")
+    p.add_argument("--itl-ms", type=float, default=interactive.itl_p99_ms, help="interactive ITL p99 budget")
     p.add_argument("--num-blocks", type=int, default=None, help="override the profile's KV cache blocks")
     p.add_argument("--max-model-len", type=int, default=None, help="override the profile's max_model_len")
     p.add_argument("--no-oracle", action="store_true", help="skip the pooled-cache ceilings (faster)")
@@ -66,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="prefix policy setting, e.g. load_factor=2 (repeatable)",
+        help="prefix policy setting (prefix.policy in docs/configuration.md, or precise=true), e.g. load_factor=2",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--concurrency", default=None, help="single-engine closed-loop sweep: levels like 1,2,4,8")
@@ -102,7 +108,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     traces = []
     for arg in args.trace:
         path, cls = parse_trace_arg(arg)
-        traces.append(load_trace(path, cls, args.minutes))
+        loaded = load_trace(path, cls, args.minutes)
+        traces.append(scale_blocks(loaded, args.trace_block_tokens) if args.trace_block_tokens else loaded)
     trace = merge(traces, args.rate_scale)
     classes = {r.cls for r in trace} | ({BATCH} if args.batch_flood else set())
     flood_source = _flood_source(args, [r for t in traces for r in t])
@@ -142,29 +149,26 @@ def _flood_source(args: argparse.Namespace, traces: list[TraceRequest]) -> list[
 
 
 def _fresh(trace: list[TraceRequest]) -> list[TraceRequest]:
-    return [TraceRequest(r.arrival, r.input_len, r.output_len, r.hash_ids, r.cls, r.source) for r in trace]
+    return [replace(r) for r in trace]
 
 
-def _policy_options(args: argparse.Namespace) -> dict[str, float | bool]:
-    known = [name for name in inspect.signature(PrefixAffinity).parameters]
-    out: dict[str, float | bool] = {}
+def _policy_options(args: argparse.Namespace) -> dict[str, object]:
+    """``--policy-option KEY=VALUE`` as the ``prefix.policy`` section of the configuration reads it,
+    plus ``precise`` (the simulator's stand-in for a pool's ``kv_events``)."""
+    given: dict[str, Raw] = {}
     for item in args.policy_option:
         key, sep, value = item.partition("=")
-        key, value = key.strip(), value.strip().lower()
-        if not sep or key not in known:
-            raise SystemExit(
-                f"gateway sim: --policy-option takes KEY=VALUE with KEY one of {', '.join(known)}; got {item!r}"
-            )
-        if value in ("true", "on", "yes", "false", "off", "no"):
-            out[key] = value in ("true", "on", "yes")
-            continue
-        try:
-            out[key] = float(value)
-        except ValueError:
-            raise SystemExit(
-                f"gateway sim: --policy-option {key} takes a number or true/false, got {value!r}"
-            ) from None
-    return out
+        if not sep:
+            raise ConfigError(f"expected KEY=VALUE, got {item!r}", source="--policy-option")
+        given[key.strip()] = Raw(value.strip(), "--policy-option")
+    precise = given.pop("precise", None)
+    try:
+        options: dict[str, object] = asdict(build(PrefixPolicyConfig, given, ("prefix", "policy")))
+    except ConfigError as exc:
+        raise exc.from_source("--policy-option") from None
+    if precise is not None:
+        options["precise"] = convert(bool, precise, ("precise",))
+    return options
 
 
 def build_setup(args: argparse.Namespace, policy: str, classes: set[str]) -> ClusterSetup:
@@ -176,6 +180,7 @@ def build_setup(args: argparse.Namespace, policy: str, classes: set[str]) -> Clu
         "seed": args.seed,
         "policy_options": _policy_options(args),
         "replicas": args.replicas,
+        "engines_per_device": args.engines_per_device,
     }
     profiles = _split(args.profile, (INTERACTIVE, BATCH))
     counts = _split(args.engines, (INTERACTIVE, BATCH))

@@ -14,6 +14,10 @@ Rules:
   reach the dispatcher at the end of the step that made them, and requests are hashed by
   token blocks as the server hashes a tokenized prompt (the token ids are those the
   simulated engine reports in its events).
+- A request reaches its engine's scheduler ``request_s`` after the gateway sends it (the API
+  server's part, from the profile); its TTFT counts from its arrival at the gateway.
+- ``engines_per_device`` engines in a row share one GPU (``SharedDevice``): their steps take turns
+  on it for their device parts, as engines sharing a real GPU do.
 - ``replicas`` gateway replicas that share no state (as with ``store: memory``, or routing
   state, which is never shared) each get every other arrival, as a Service spreads
   connections; each scrapes every engine and sees only its own requests in flight.
@@ -34,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines.sim.core import EngineCore, EngineRequest, StepResult
+from engines.sim.core import EngineCore, EngineRequest, SharedDevice, StepResult
 from engines.sim.kv_cache import lru_hit_ratio
 from engines.sim.profile import Profile
 from engines.sim.tokens import block_hashes_for_trace, synthetic_token_ids
@@ -54,10 +58,10 @@ from gateway.core.precise import DEFAULT_MAX_BLOCKS as PRECISE_MAX_BLOCKS
 from gateway.core.precise import token_block_hashes
 from gateway.core.prefix import chain_seed, hash_blocks
 from gateway.core.request import RouteRequest
-from gateway.simulate.traces import TRACE_BLOCK_TOKENS, TraceRequest
+from gateway.simulate.traces import TraceRequest
 
 MODEL = "sim-model"
-_ARRIVAL, _STEP_END, _POLL, _SCRAPE = 0, 1, 2, 3
+_ARRIVAL, _STEP_END, _POLL, _SCRAPE, _ENGINE_ADD = 0, 1, 2, 3, 4
 
 
 @dataclass(slots=True)
@@ -87,6 +91,7 @@ class ClusterSetup:
     seed: int = 0
     policy_options: dict[str, Any] = field(default_factory=dict)
     replicas: int = 1
+    engines_per_device: int = 1
 
 
 @dataclass(slots=True, eq=False)
@@ -143,6 +148,7 @@ class Cluster:
         self.precise = setup.policy == "prefix" and bool(setup.policy_options.get("precise"))
         specs = []
         self.engines: dict[str, SimEngine] = {}
+        devices: list[SharedDevice] = []
         for pool in setup.pools:
             ids = [f"{pool.name}-{i}" for i in range(pool.engines)]
             specs.append(
@@ -157,12 +163,18 @@ class Cluster:
                 )
             )
             for i, engine_id in enumerate(ids):
+                device = None
+                if setup.engines_per_device > 1:
+                    if len(self.engines) % setup.engines_per_device == 0:
+                        devices.append(SharedDevice())
+                    device = devices[-1]
                 core = EngineCore(
                     pool.profile,
                     model=MODEL,
                     scheduling_policy=pool.scheduling_policy,
                     seed=setup.seed * 1000 + i,
                     kv_events=self.precise,
+                    device=device,
                 )
                 self.engines[engine_id] = SimEngine(engine_id, pool.name, core)
         self.dispatchers = [
@@ -227,6 +239,8 @@ class Cluster:
                 self._arrive(*data)
             elif kind == _STEP_END:
                 self._step_end(data)
+            elif kind == _ENGINE_ADD:
+                self._engine_add(*data)
             elif kind == _POLL:
                 for dispatcher in self.dispatchers:
                     self._handle(dispatcher.poll(t))
@@ -255,6 +269,7 @@ class Cluster:
             tuple((1 << 50) + next(self._flood_ids) * 1000 + j for j in range(len(tr.hash_ids))),
             BATCH,
             "flood",
+            tr.block_tokens,
         )
         self._flood_open += 1
         self._at(t, _ARRIVAL, (f"f{next(self._flood_ids)}", flood, True))
@@ -335,7 +350,7 @@ class Cluster:
     @staticmethod
     def _token_prefix(tr: TraceRequest, block_size: int) -> list[int]:
         """The token-block hashes the server would compute from this prompt's token ids."""
-        hashes = block_hashes_for_trace(tr.hash_ids, tr.input_len, TRACE_BLOCK_TOKENS, block_size)
+        hashes = block_hashes_for_trace(tr.hash_ids, tr.input_len, tr.block_tokens, block_size)
         ids: list[int] = []
         for h in hashes[: min(tr.input_len // block_size, PRECISE_MAX_BLOCKS)]:
             ids.extend(synthetic_token_ids(h, block_size))
@@ -366,22 +381,29 @@ class Cluster:
         rec.dispatch = dispatch
         tr = rec.trace
         engine = self.engines[dispatch.engine.id]
-        hashes = block_hashes_for_trace(tr.hash_ids, tr.input_len, TRACE_BLOCK_TOKENS, engine.core.block_size)
+        hashes = block_hashes_for_trace(tr.hash_ids, tr.input_len, tr.block_tokens, engine.core.block_size)
         limit = engine.core.max_model_len
         prompt = min(tr.input_len, limit - 1)
         max_tokens = max(1, min(tr.output_len, limit - prompt))
-        engine.core.add_request(
-            EngineRequest(
-                _engine_id(rec),
-                prompt,
-                hashes[: prompt // engine.core.block_size],
-                max_tokens,
-                priority=dispatch.priority or 0,
-                arrival=self.now,
-                ignore_eos=True,
-            ),
-            self.now,
+        req = EngineRequest(
+            _engine_id(rec),
+            prompt,
+            hashes[: prompt // engine.core.block_size],
+            max_tokens,
+            priority=dispatch.priority or 0,
+            arrival=self.now,
+            ignore_eos=True,
         )
+        delay = engine.core.profile.timing.request_s(prompt)
+        if delay > 0:
+            self._at(self.now + delay, _ENGINE_ADD, (engine, rec, dispatch, req))
+        else:
+            self._engine_add(engine, rec, dispatch, req)
+
+    def _engine_add(self, engine: SimEngine, rec: Record, dispatch: Dispatch, req: EngineRequest) -> None:
+        if rec.dispatch is not dispatch:
+            return  # preempted (or moved) while the API server was still on it
+        engine.core.add_request(req, self.now)
         if not engine.stepping:
             self._step(engine)
 
@@ -460,8 +482,7 @@ def capacity_blocks(setup: ClusterSetup, pool: str) -> tuple[int, int]:
 def hit_ceiling(trace: list[TraceRequest], capacity_blocks: float, block_size: int) -> float:
     """Prefix hit ratio of one LRU cache of ``capacity_blocks`` fed every request of ``trace`` in order."""
     prompts = (
-        (tr.input_len, block_hashes_for_trace(tr.hash_ids, tr.input_len, TRACE_BLOCK_TOKENS, block_size))
-        for tr in trace
+        (tr.input_len, block_hashes_for_trace(tr.hash_ids, tr.input_len, tr.block_tokens, block_size)) for tr in trace
     )
     return lru_hit_ratio(prompts, capacity_blocks, block_size)
 

@@ -4,6 +4,10 @@ A request's prompt is known only by its length (and, for Mooncake, the ids of it
 512-token blocks, where equal ids at equal positions mean equal content). The gateway
 hashes prompt *text*, so each block id becomes deterministic text: shared blocks give
 shared text, distinct blocks distinct text.
+
+``scale_blocks`` shrinks a trace to fit a smaller machine without changing which prompts share
+what: every block becomes ``block_tokens`` tokens instead of 512, and every prompt shrinks by the
+same ratio.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import csv
 import json
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -32,11 +36,13 @@ class TraceRequest:
     hash_ids: tuple[int, ...]
     cls: str = INTERACTIVE
     source: str = ""
+    block_tokens: int = TRACE_BLOCK_TOKENS
+    """Tokens each of ``hash_ids`` stands for (512 as published; fewer after ``scale_blocks``)."""
 
     def text(self) -> str:
         """Prompt text as the gateway would see it (only the part it hashes)."""
         chars = min(self.input_len * CHARS_PER_TOKEN, MAX_TEXT_CHARS)
-        per_block = TRACE_BLOCK_TOKENS * CHARS_PER_TOKEN
+        per_block = self.block_tokens * CHARS_PER_TOKEN
         parts = []
         for block_id in self.hash_ids[: chars // per_block + 1]:
             unit = f"<{block_id:x}>"
@@ -159,6 +165,18 @@ def hot_prompts(spec: str, cls: str = INTERACTIVE, minutes: float | None = None)
         ids = tuple((1 << 45) + which * 4096 + j for j in range(shared)) + tuple(range(next_id, next_id + own))
         next_id += own
         out.append(TraceRequest(t, total, output_len, ids, cls, "hot"))
+
+
+def scale_blocks(trace: list[TraceRequest], block_tokens: int) -> list[TraceRequest]:
+    """The same requests with every block ``block_tokens`` tokens long: prompts shrink (or grow) by
+    ``block_tokens / 512``, rounded up; blocks shared before are shared after."""
+    if block_tokens < 1:
+        raise ValueError("block tokens must be positive")
+    out = []
+    for r in trace:
+        scaled = -(-r.input_len * block_tokens // r.block_tokens)
+        out.append(replace(r, input_len=max(1, scaled), block_tokens=block_tokens))
+    return out
 
 
 def merge(traces: list[list[TraceRequest]], rate_scale: float = 1.0) -> list[TraceRequest]:

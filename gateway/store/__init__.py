@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from gateway.store.base import Blobs, Store, StoreUnavailable
 from gateway.store.blobs import DirectoryBlobs
 from gateway.store.memory import MemoryStore
@@ -12,10 +10,10 @@ from gateway.store.redis_store import RedisStore
 __all__ = ["Blobs", "DirectoryBlobs", "MemoryStore", "RedisStore", "Store", "StoreUnavailable", "open_store"]
 
 
-def open_store(url: str, keys: dict[str, Any] | None = None) -> Store:
+def open_store(url: str, keys_file: str | None = None) -> Store:
     """The backend for ``store:`` (``memory`` or ``redis://...``); ``keys.file`` keeps a memory store's keys."""
     if url == "memory":
-        return MemoryStore((keys or {}).get("file"))
+        return MemoryStore(keys_file)
     if url.startswith(("redis://", "rediss://", "unix://")):
         return RedisStore(url)
     raise ValueError(f"store must be 'memory' or a redis:// URL, got {url!r}")

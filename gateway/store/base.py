@@ -3,6 +3,9 @@
 Rules every backend keeps (the contract tests in tests/gateway/store/ check them):
 - Files and batches are listed newest first (files also oldest first), per owner; ``after``
   is the id of the last item of the previous page.
+- Each owner's files are counted (``file_usage``: files and bytes) as they are put and
+  deleted; ``put_file`` with a ``limit`` stores nothing and answers False when the file would
+  take its owner past it (a file put again counts only its change in size).
 - A batch's status changes only through ``update_batch``, which may demand the current
   status (compare-and-set); terminal statuses leave the set of active batches.
 - Batch lines move pending -> claimed (with a lease) -> done. ``claim_lines`` hands out
@@ -27,6 +30,7 @@ from gateway.store.records import (
     BatchRecord,
     Claim,
     FileRecord,
+    FileUsage,
     Line,
     LineCounts,
     Page,
@@ -60,7 +64,11 @@ class Store(Blobs, Protocol):
 
     # -- files ---------------------------------------------------------------------------
 
-    async def put_file(self, record: FileRecord) -> None: ...
+    async def put_file(self, record: FileRecord, limit: FileUsage | None = None) -> bool:
+        """Store ``record``, unless its owner's files would then exceed ``limit``."""
+        ...
+
+    async def file_usage(self, owner: str) -> FileUsage: ...
 
     async def get_file(self, file_id: str) -> FileRecord | None: ...
 

@@ -25,6 +25,7 @@ from gateway.store.records import (
     BatchRecord,
     Claim,
     FileRecord,
+    FileUsage,
     Line,
     LineCounts,
     Page,
@@ -124,6 +125,7 @@ class KeyFile:
 class MemoryStore:
     def __init__(self, keys_file: str | Path | None = None) -> None:
         self._files: dict[str, FileRecord] = {}
+        self._usage: dict[str, FileUsage] = {}
         self._blobs: dict[str, bytes] = {}
         self._batches: dict[str, BatchRecord] = {}
         self._order: dict[str, int] = {}
@@ -164,10 +166,20 @@ class MemoryStore:
 
     # -- files ---------------------------------------------------------------------------
 
-    async def put_file(self, record: FileRecord) -> None:
-        if record.id not in self._files:
+    async def put_file(self, record: FileRecord, limit: FileUsage | None = None) -> bool:
+        old = self._files.get(record.id)
+        used = self._usage.get(record.owner, FileUsage())
+        usage = FileUsage(used.files + (old is None), used.bytes + record.bytes - (old.bytes if old else 0))
+        if limit is not None and (usage.files > limit.files or usage.bytes > limit.bytes):
+            return False
+        if old is None:
             self._next(record.id)
         self._files[record.id] = replace(record)
+        self._usage[record.owner] = usage
+        return True
+
+    async def file_usage(self, owner: str) -> FileUsage:
+        return self._usage.get(owner, FileUsage())
 
     async def get_file(self, file_id: str) -> FileRecord | None:
         record = self._files.get(file_id)
@@ -175,7 +187,12 @@ class MemoryStore:
 
     async def delete_file(self, file_id: str) -> bool:
         self._order.pop(file_id, None)
-        return self._files.pop(file_id, None) is not None
+        record = self._files.pop(file_id, None)
+        if record is None:
+            return False
+        used = self._usage[record.owner]
+        self._usage[record.owner] = FileUsage(used.files - 1, used.bytes - record.bytes)
+        return True
 
     async def expired_files(self, now: int, limit: int) -> list[str]:
         due = sorted((f.expires_at, f.id) for f in self._files.values() if f.expired(now) and f.expires_at is not None)

@@ -48,6 +48,14 @@ class FileRecord:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class FileUsage:
+    """Files and bytes: what an owner's files take, or the most they may take."""
+
+    files: int = 0
+    bytes: int = 0
+
+
 @dataclass(slots=True)
 class BatchRecord:
     id: str

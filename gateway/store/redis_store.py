@@ -15,8 +15,13 @@ Rules:
   ``files:expiry`` orders files by ``expires_at`` for the sweep that deletes them.
 - File bodies are Redis strings unless ``batch.files_dir`` puts them on a shared directory
   (see ``gateway.store.blobs``).
+- Files count against their owner's usage (``files:usage:<owner>``: files and bytes), kept
+  with the file records by the same scripts; ``put_file`` refuses a file that would take the
+  owner past a given limit, atomically, so replicas cannot race past a quota together.
 - Connection failures surface as ``StoreUnavailable`` after a few quick retries; the client
-  reconnects on the next call, so nothing needs restarting when Redis comes back.
+  reconnects on the next call, so nothing needs restarting when Redis comes back. So do the
+  refusals of a Redis that is up but cannot take writes (out of memory, a read-only replica,
+  a failed snapshot, loading, busy): they last until Redis is fixed, and retrying is safe.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
@@ -41,6 +47,7 @@ from gateway.store.records import (
     BatchRecord,
     Claim,
     FileRecord,
+    FileUsage,
     Line,
     LineCounts,
     Page,
@@ -212,7 +219,57 @@ return 1
 """
 )
 
+# KEYS: file, owner's index, expiry index, owner's usage, seq; ARGV: id, record, bytes,
+# expires_at ('' for none), file limit, byte limit (0: no limit). A file written again (a
+# retried finalisation) changes the usage by its difference in size only.
+PUT_FILE = """
+local old = redis.call('GET', KEYS[1])
+local files, bytes = 1, tonumber(ARGV[3])
+if old then
+  files = 0
+  bytes = bytes - cjson.decode(old)['bytes']
+end
+if tonumber(ARGV[5]) > 0 then
+  local used_files = tonumber(redis.call('HGET', KEYS[4], 'files') or '0')
+  local used_bytes = tonumber(redis.call('HGET', KEYS[4], 'bytes') or '0')
+  if used_files + files > tonumber(ARGV[5]) or used_bytes + bytes > tonumber(ARGV[6]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[2])
+if not old then redis.call('ZADD', KEYS[2], 'NX', redis.call('INCR', KEYS[5]), ARGV[1]) end
+if ARGV[4] ~= '' then redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1]) else redis.call('ZREM', KEYS[3], ARGV[1]) end
+redis.call('HINCRBY', KEYS[4], 'files', files)
+redis.call('HINCRBY', KEYS[4], 'bytes', bytes)
+return 1
+"""
+
+# KEYS: file, owner's index, expiry index, owner's usage; ARGV: id.
+DELETE_FILE = """
+local old = redis.call('GET', KEYS[1])
+if not old then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+local files = redis.call('HINCRBY', KEYS[4], 'files', -1)
+local bytes = redis.call('HINCRBY', KEYS[4], 'bytes', -cjson.decode(old)['bytes'])
+-- Files stored before usage was counted must not drive it below zero.
+if files < 0 then redis.call('HSET', KEYS[4], 'files', 0) end
+if bytes < 0 then redis.call('HSET', KEYS[4], 'bytes', 0) end
+return 1
+"""
+
 _TERMINAL_JSON = [orjson.dumps(s) for s in sorted(TERMINAL)]
+# Error codes of a Redis that is up but refuses work until an operator acts (or it settles).
+_CANNOT_SERVE = frozenset({"OOM", "READONLY", "MISCONF", "MASTERDOWN", "NOREPLICAS", "BUSY", "LOADING", "TRYAGAIN"})
+
+
+def _cannot_serve(exc: ResponseError) -> bool:
+    # redis-py strips the code from some errors (OutOfMemoryError, ReadOnlyError), keeps it in
+    # others, and puts the command before it when a pipeline's command failed.
+    if type(exc).__name__ in ("OutOfMemoryError", "ReadOnlyError"):
+        return True
+    text = str(exc)
+    _, pipeline, error = text.partition(" of pipeline caused error: ")
+    return (error if pipeline else text).lstrip("('\" ").split(" ", 1)[0] in _CANNOT_SERVE
 
 
 def _enc(value: Any) -> bytes:
@@ -255,6 +312,8 @@ class RedisStore:
         self._lease = r.register_script(LEASE_BATCH)
         self._rate_hit = r.register_script(RATE_HIT)
         self._rate_charge = r.register_script(RATE_CHARGE)
+        self._put_file = r.register_script(PUT_FILE)
+        self._delete_file = r.register_script(DELETE_FILE)
 
     async def close(self) -> None:
         if self.r is not None:
@@ -273,6 +332,10 @@ class RedisStore:
             yield self.redis
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
+        except ResponseError as exc:
+            if _cannot_serve(exc):
+                raise StoreUnavailable(f"redis refused: {type(exc).__name__}: {exc}") from exc
+            raise
 
     async def ping(self) -> bool:
         try:
@@ -306,15 +369,26 @@ class RedisStore:
 
     # -- files ---------------------------------------------------------------------------
 
-    async def put_file(self, record: FileRecord) -> None:
+    def _file_keys(self, file_id: str, owner: str) -> list[str]:
+        return [
+            self._k("file", file_id),
+            self._k("files", "by", owner),
+            self._k("files", "expiry"),
+            self._k("files", "usage", owner),
+        ]
+
+    async def put_file(self, record: FileRecord, limit: FileUsage | None = None) -> bool:
+        expires = "" if record.expires_at is None else str(record.expires_at)
+        args = [record.id, _enc(asdict(record)), record.bytes, expires]
+        args += [limit.files, limit.bytes] if limit is not None else [0, 0]
+        async with self._io():
+            keys = [*self._file_keys(record.id, record.owner), self._k("seq")]
+            return bool(await self._put_file(keys=keys, args=args))
+
+    async def file_usage(self, owner: str) -> FileUsage:
         async with self._io() as r:
-            seq = await r.incr(self._k("seq"))
-            async with r.pipeline(transaction=True) as p:
-                p.set(self._k("file", record.id), _enc(asdict(record)))
-                p.zadd(self._k("files", "by", record.owner), {record.id: seq}, nx=True)
-                if record.expires_at is not None:
-                    p.zadd(self._k("files", "expiry"), {record.id: record.expires_at})
-                await p.execute()
+            files, size = await r.hmget(self._k("files", "usage", owner), ["files", "bytes"])
+        return FileUsage(max(0, int(files or 0)), max(0, int(size or 0)))
 
     async def get_file(self, file_id: str) -> FileRecord | None:
         async with self._io() as r:
@@ -325,12 +399,8 @@ class RedisStore:
         record = await self.get_file(file_id)
         if record is None:
             return False
-        async with self._io() as r, r.pipeline(transaction=True) as p:
-            p.delete(self._k("file", file_id))
-            p.zrem(self._k("files", "by", record.owner), file_id)
-            p.zrem(self._k("files", "expiry"), file_id)
-            deleted, _, _ = await p.execute()
-        return bool(deleted)
+        async with self._io():
+            return bool(await self._delete_file(keys=self._file_keys(file_id, record.owner), args=[file_id]))
 
     async def expired_files(self, now: int, limit: int) -> list[str]:
         async with self._io() as r:

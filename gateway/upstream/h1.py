@@ -8,6 +8,9 @@ Rules:
 - A connection goes back to the pool only after its response was read to the end;
   anything else (client gone, error, timeout) aborts it, which is how the engine learns
   to stop generating.
+- The response's head must come within the read timeout, or within ``first_byte_timeout``
+  when the caller gives one; the body's reads each within the read timeout.
+- ``OutOfDescriptors`` means this process could not open a socket: not the engine's fault.
 - ``ConnectError`` means nothing reached the engine: safe to retry elsewhere. A request
   on a reused connection that the engine had already closed is retried once on a fresh
   connection, as no byte of it was processed.
@@ -16,6 +19,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import errno
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -36,6 +40,13 @@ class ConnectError(UpstreamError):
 
 class ReadTimeout(UpstreamError):
     """The engine sent nothing for longer than the read timeout."""
+
+
+class OutOfDescriptors(UpstreamError):
+    """This process could not open a socket: the gateway's fault, not the engine's."""
+
+
+_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class _Connection(asyncio.Protocol):
@@ -140,13 +151,14 @@ class _Connection(asyncio.Protocol):
             if waiter is not None and not waiter.done():
                 waiter.set_exception(exc)
 
-    def _on_timeout(self) -> None:
-        self._fail(ReadTimeout(f"engine sent nothing for {self._read_timeout:g} s"))
+    def _on_timeout(self, seconds: float, what: str) -> None:
+        self._fail(ReadTimeout(f"engine sent {what} for {seconds:g} s"))
         if self.transport is not None:
             self.transport.abort()
 
-    async def _wait(self, fut: asyncio.Future[None]) -> None:
-        timer = self._loop.call_later(self._read_timeout, self._on_timeout)
+    async def _wait(self, fut: asyncio.Future[None], limit_s: float | None = None, what: str = "nothing") -> None:
+        seconds = self._read_timeout if limit_s is None else limit_s
+        timer = self._loop.call_later(seconds, self._on_timeout, seconds, what)
         try:
             await fut
         finally:
@@ -158,13 +170,13 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(data)
 
-    async def wait_headers(self) -> None:
+    async def wait_headers(self, limit_s: float | None = None) -> None:
         if self.status:
             return
         if self.error is not None:
             raise self.error
         self._headers_waiter = self._loop.create_future()
-        await self._wait(self._headers_waiter)
+        await self._wait(self._headers_waiter, limit_s, "no first byte" if limit_s is not None else "nothing")
 
     async def next_chunk(self) -> bytes | None:
         while True:
@@ -297,7 +309,9 @@ class EngineClient:
                 ),
                 self.connect_timeout,
             )
-        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError: a bad certificate too
+        except OSError as exc:  # TimeoutError, and ssl.SSLError (a bad certificate), are OSErrors too
+            if exc.errno in _OUT_OF_DESCRIPTORS:
+                raise OutOfDescriptors(f"cannot open a connection to {self.base_url}: {exc}") from exc
             raise ConnectError(f"cannot connect to {self.base_url}: {exc or type(exc).__name__}") from exc
         return conn
 
@@ -317,7 +331,16 @@ class EngineClient:
         head.append(body)
         return b"".join(head)
 
-    async def request(self, method: bytes, path: bytes, headers: Headers = (), body: bytes = b"") -> Response:
+    async def request(
+        self,
+        method: bytes,
+        path: bytes,
+        headers: Headers = (),
+        body: bytes = b"",
+        first_byte_timeout: float | None = None,
+    ) -> Response:
+        """Send a request and wait for the response's head: ``first_byte_timeout`` at most, if
+        given, else the read timeout."""
         data = self._encode(method, path, headers, body)
         while self._idle:
             conn = self._idle.pop()
@@ -325,7 +348,7 @@ class EngineClient:
                 continue
             conn.send(data)
             try:
-                await conn.wait_headers()
+                await conn.wait_headers(first_byte_timeout)
             except UpstreamError:
                 conn.abort()
                 if conn.got_bytes or isinstance(conn.error, ReadTimeout):
@@ -340,7 +363,7 @@ class EngineClient:
         conn = await self._connect()
         conn.send(data)
         try:
-            await conn.wait_headers()
+            await conn.wait_headers(first_byte_timeout)
         except BaseException:
             conn.abort()
             raise

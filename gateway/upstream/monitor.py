@@ -2,7 +2,8 @@
 
 Rules:
 - An engine turns unhealthy after ``unhealthy_after`` failed probes in a row, or at once
-  when the relay cannot connect to it; one passing probe makes it healthy again.
+  when the relay cannot connect to it; one passing probe makes it healthy again. A probe this
+  process could not even open a socket for (out of descriptors) counts for nothing.
 - Scrapes run at their own, slower interval (vLLM's ``/metrics`` is not free to render).
 - The models an engine serves are read from its ``/v1/models`` until it answers once,
   then refreshed every ``models_every`` probes.
@@ -22,7 +23,7 @@ import orjson
 from gateway import log
 from gateway.core.dispatcher import Dispatcher
 from gateway.upstream.discovery import resolve_engines
-from gateway.upstream.h1 import EngineClient, UpstreamError
+from gateway.upstream.h1 import EngineClient, OutOfDescriptors, UpstreamError
 from gateway.upstream.scrape import parse_vllm_metrics
 
 
@@ -140,6 +141,10 @@ class EngineMonitor:
         try:
             status, _ = await w.client.get(b"/health", timeout_s=self.health_timeout_s)
             ok, reason = status == 200, f"/health answered {status}"
+        except OutOfDescriptors as exc:
+            # This process is out of sockets, which says nothing about the engine.
+            log.warning("health_probe_skipped", engine=engine_id, reason=str(exc))
+            return
         except UpstreamError as exc:
             ok, reason = False, str(exc)
         if ok:

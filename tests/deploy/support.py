@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +44,8 @@ def compose_binary() -> str:
     return str(Path(compose.__file__).parent / "docker-compose")
 
 
-def run(args: list[str], cwd: Path = REPO) -> str:
-    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=120)
+def run(args: list[str], cwd: Path = REPO, env: Mapping[str, str] | None = None) -> str:
+    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
     if done.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({done.returncode}):\n{done.stderr}")
     return done.stdout
@@ -60,15 +62,47 @@ def render(directory: str) -> list[Manifest]:
     return [json.loads(doc) for doc in _render(directory)]
 
 
+# The simulator stack, and the vLLM one (its own file: it needs HF_TOKEN).
+CPU_FILES = ("docker-compose.yml",)
+GPU_FILES = ("docker-compose.yml", "docker-compose.gpu.yml")
+
+
+def compose_variables() -> set[str]:
+    """The variables the compose files read from the host's shell (``${NAME:-default}``, ``${NAME:?why}``)."""
+    return {
+        name for file in GPU_FILES for name in re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", (REPO / file).read_text())
+    }
+
+
+def compose_command(files: tuple[str, ...], profiles: tuple[str, ...], *args: str) -> list[str]:
+    flags = [arg for file in files for arg in ("-f", file)] + [arg for p in profiles for arg in ("--profile", p)]
+    return [compose_binary(), *flags, *args]
+
+
+def compose_env(variables: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment without the compose files' variables, plus ``variables``: what
+    a shell that set only those would give Compose."""
+    names = compose_variables()
+    return {**{k: v for k, v in os.environ.items() if k not in names}, **variables}
+
+
 @functools.cache
-def _compose(profiles: tuple[str, ...]) -> str:
-    flags = [arg for profile in profiles for arg in ("--profile", profile)]
-    return run([compose_binary(), *flags, "config", "--format", "json"])
+def _compose(files: tuple[str, ...], profiles: tuple[str, ...], variables: tuple[tuple[str, str], ...]) -> str:
+    command = compose_command(files, profiles, "config", "--format", "json")
+    return run(command, env=compose_env(dict(variables)))
 
 
-def compose_config(*profiles: str) -> dict[str, Any]:
-    """`docker compose --profile ... config`: the file resolved as Docker would run it."""
-    return json.loads(_compose(tuple(profiles)))
+def compose_config(
+    *profiles: str, files: tuple[str, ...] = CPU_FILES, variables: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """`docker compose -f ... --profile ... config`: the files resolved as Docker would run them,
+    with only ``variables`` set on the host."""
+    return json.loads(_compose(files, tuple(profiles), tuple(sorted((variables or {}).items()))))
+
+
+def gpu_config(**variables: str) -> dict[str, Any]:
+    """The vLLM stack, with a token set unless ``variables`` say otherwise."""
+    return compose_config(files=GPU_FILES, variables={"HF_TOKEN": "hf_test", **variables})
 
 
 def profile(pool: str) -> dict[str, Any]:

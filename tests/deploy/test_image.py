@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import shlex
 import tomllib
 from pathlib import Path
 
-from tests.deploy.support import REPO
+from tests.deploy.support import REPO, compose_config
 
 
 def instructions() -> list[tuple[str, str]]:
@@ -95,3 +96,21 @@ def test_local_state_stays_out_of_the_build_context() -> None:
     patterns = dockerignore()
     for path in (".venv/bin/python", ".git/config", "tests/conftest.py", "gateway/__pycache__/cli.cpython-311.pyc"):
         assert ignored(path, patterns), path
+
+
+def test_the_state_directory_belongs_to_the_runtime_user() -> None:
+    """Compose mounts a volume where the gateway generates its admin key; a new volume takes the
+    owner of the image's directory, so that directory must belong to the user the image runs as."""
+    key_file = compose_config("cpu")["services"]["gateway"]["environment"]["GATEWAY__KEYS__ADMIN_FILE"]
+    directory = str(Path(key_file).parent)
+    user = [args for keyword, args in final_stage() if keyword == "USER"][-1].split(":")[0]
+    made = {}
+    for keyword, args in final_stage():
+        words = shlex.split(args) if keyword == "RUN" else []
+        for start in (i for i, word in enumerate(words) if word == "install" and words[i + 1] == "-d"):
+            rest, options = words[start + 2 :], {}
+            while rest[0].startswith("-"):
+                options[rest[0]], rest = rest[1], rest[2:]
+            made[rest[0]] = options
+    assert directory in made, f"the image does not create {directory}"
+    assert made[directory]["-o"] == user and made[directory]["-m"] == "0700"

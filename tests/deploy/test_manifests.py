@@ -234,10 +234,10 @@ def test_gateway_config_loads_with_the_pod_environment(overlay: str, tmp_path: P
 
     config = load_config(gateway_config_file(docs, tmp_path), env=gateway_env(deployment))
     assert config.store == "redis://redis:6379/0"
-    assert (config.host, config.port) == ("0.0.0.0", container(deployment)["ports"][0]["containerPort"])
-    assert config.classes["interactive"].pool == "interactive"
-    assert config.classes["batch"].pool == "batch"
-    assert config.keys["admin"] == "from-a-secret"
+    assert (config.listen.host, config.listen.port) == ("0.0.0.0", container(deployment)["ports"][0]["containerPort"])
+    assert config.classes.interactive.pool == "interactive"
+    assert config.classes.batch.pool == "batch"
+    assert config.keys.admin == "from-a-secret"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -278,15 +278,19 @@ def test_gateway_deployment(overlay: str) -> None:
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == str(spec["ports"][0]["containerPort"])
     assert pod_spec(deployment)["securityContext"]["runAsNonRoot"] is True
-    assert "GATEWAY_KEYS__ADMIN" in {e["name"] for e in spec["env"]}
+    assert "GATEWAY__KEYS__ADMIN" in {e["name"] for e in spec["env"]}
 
 
-def test_sim_overlay_generates_the_gateway_secret() -> None:
-    docs = render("sim")
-    deployment = find(docs, "Deployment", "gateway")
-    ref = next(e["valueFrom"]["secretKeyRef"] for e in container(deployment)["env"] if e.get("valueFrom"))
-    secret = find(docs, "Secret", ref["name"])
-    assert ref["key"] in secret["data"]
+def admin_key_ref(overlay: str) -> dict:
+    env = container(find(render(overlay), "Deployment", "gateway"))["env"]
+    return next(e["valueFrom"]["secretKeyRef"] for e in env if e["name"] == "GATEWAY__KEYS__ADMIN")
+
+
+def test_sim_runs_as_is_with_the_admin_api_off_until_its_secret_exists() -> None:
+    """No admin key is committed: the sim overlay's reference to it is optional, eks's is not."""
+    assert not list(of_kind(render("sim"), "Secret"))
+    assert admin_key_ref("sim") == {"name": "gateway-secrets", "key": "admin-key", "optional": True}
+    assert not admin_key_ref("eks").get("optional")
 
 
 def test_eks_commits_no_secret() -> None:

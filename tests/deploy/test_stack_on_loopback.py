@@ -1,6 +1,7 @@
 """The sim overlay's stack, run as real processes on loopback with the manifests' own
 arguments: Redis with the StatefulSet's persistence flags, the simulator with each pool's
-profile arguments, the gateway with the ConfigMap and the pod's environment. Only addresses
+profile arguments, the gateway with the ConfigMap and the pod's environment (the Services'
+variables Kubernetes adds included). Only addresses
 change (loopback and free ports). Every probe path the manifests use answers, and the
 metrics the dashboard reads are exported."""
 
@@ -31,14 +32,38 @@ def on_loopback(args: list[str], port: int) -> list[str]:
 
 
 def pod_env(docs: list[dict], deployment: dict) -> dict[str, str]:
+    """The container's variables as Kubernetes sets them: a variable from an optional Secret that
+    does not exist is left out."""
     env = {}
     for item in container(deployment)["env"]:
         if "value" in item:
             env[item["name"]] = item["value"]
-        else:
-            ref = item["valueFrom"]["secretKeyRef"]
-            secret = find(docs, "Secret", ref["name"])
-            env[item["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
+            continue
+        ref = item["valueFrom"]["secretKeyRef"]
+        secrets = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == ref["name"]]
+        assert secrets or ref.get("optional"), f"Secret {ref['name']} is neither in the overlay nor optional"
+        if secrets:
+            env[item["name"]] = base64.b64decode(secrets[0]["data"][ref["key"]]).decode()
+    return env
+
+
+def service_links(docs: list[dict]) -> dict[str, str]:
+    """The variables Kubernetes gives every pod for each Service with a cluster IP in its namespace
+    (``enableServiceLinks``, on by default): for the Service named gateway, GATEWAY_PORT and more."""
+    env = {}
+    for i, service in enumerate(d for d in docs if d["kind"] == "Service" and d["spec"].get("clusterIP") != "None"):
+        name, ip = service["metadata"]["name"].upper().replace("-", "_"), f"10.96.0.{10 + i}"
+        ports = service["spec"]["ports"]
+        env[f"{name}_SERVICE_HOST"] = ip
+        env[f"{name}_SERVICE_PORT"] = str(ports[0]["port"])
+        env[f"{name}_PORT"] = f"tcp://{ip}:{ports[0]['port']}"
+        for port in ports:
+            number, proto = port["port"], port.get("protocol", "TCP")
+            if "name" in port:
+                env[f"{name}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}"] = str(number)
+            prefix = f"{name}_PORT_{number}_{proto}"
+            env.update({prefix: f"{proto.lower()}://{ip}:{number}", f"{prefix}_PROTO": proto.lower()})
+            env.update({f"{prefix}_PORT": str(number), f"{prefix}_ADDR": ip})
     return env
 
 
@@ -77,13 +102,16 @@ def stack(procs: list[Proc], tmp_path_factory: pytest.TempPathFactory) -> Iterat
     config = tmp / "gateway.yaml"
     config.write_text(named(docs, "ConfigMap", "gateway-config")["data"]["gateway.yaml"])
     port = free_port()
+    links = service_links(docs)
+    assert "GATEWAY_PORT" in links and "GATEWAY_SERVICE_HOST" in links
     env = {
+        **links,
         **pod_env(docs, deployment),
-        "GATEWAY_LISTEN__HOST": "127.0.0.1",
-        "GATEWAY_LISTEN__PORT": str(port),
-        "GATEWAY_STORE": f"redis://127.0.0.1:{redis_port}/0",
-        "GATEWAY_POOLS__INTERACTIVE__DISCOVERY": f"dns://127.0.0.1:{engines['interactive'].url.rsplit(':', 1)[1]}",
-        "GATEWAY_POOLS__BATCH__DISCOVERY": f"dns://127.0.0.1:{engines['batch'].url.rsplit(':', 1)[1]}",
+        "GATEWAY__LISTEN__HOST": "127.0.0.1",
+        "GATEWAY__LISTEN__PORT": str(port),
+        "GATEWAY__STORE": f"redis://127.0.0.1:{redis_port}/0",
+        "GATEWAY__POOLS__INTERACTIVE__DISCOVERY": f"dns://127.0.0.1:{engines['interactive'].url.rsplit(':', 1)[1]}",
+        "GATEWAY__POOLS__BATCH__DISCOVERY": f"dns://127.0.0.1:{engines['batch'].url.rsplit(':', 1)[1]}",
     }
     args = container(deployment)["args"]
     args = [str(config) if arg == "/etc/gateway/gateway.yaml" else arg for arg in args]

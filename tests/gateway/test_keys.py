@@ -3,6 +3,8 @@ and rate limits, 401/403/404/429, ownership of files and batches, the admin endp
 
 from __future__ import annotations
 
+import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -12,7 +14,10 @@ import openai
 import pytest
 import yaml
 
+from gateway.keys import CACHE_ENTRIES
 from tests.gateway.batch.support import MODEL, chat_line, client_for, file_lines, start_stack, submit, wait_batch
+from tests.support.observe import wait_for
+from tests.support.partial_body import post_unfinished
 from tests.support.procs import ROOT
 from tests.support.redis import RedisServer
 
@@ -61,7 +66,7 @@ def env(procs, tmp_path_factory):
         "tpm": create_key(config, "tpm", "--tpm", "300"),
     }
     stack = start_stack(tmp, procs, store=server.url, keys=KEYS, gateways=2)
-    yield {"config": config, "keys": keys, "stack": stack, "urls": [g.url for g in stack.gateways]}
+    yield {"config": config, "keys": keys, "stack": stack, "urls": [g.url for g in stack.gateways], "server": server}
     server.stop()
 
 
@@ -207,6 +212,98 @@ def test_admin_endpoints_manage_keys_with_the_admin_key(env):
     assert_error(httpx.delete(f"{b}/admin/keys/key-nope", headers=admin), 404, "not_found")
     time.sleep(0.4)
     assert_error(chat(a, body["secret"]), 401, "invalid_api_key")
+
+
+def test_admin_input_is_bounded_and_never_echoed(env):
+    url = env["urls"][0]
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    cases = [
+        ({"name": "n" * 10_000}, "invalid_value"),
+        ({"name": "x", "classes": ["g" * 10_000]}, "invalid_value"),
+        ({"name": "x", "default_class": "d" * 10_000}, "invalid_value"),
+        ({"name": "x", "default_class": 5}, "invalid_value"),
+        ({"name": {"a": 1}}, "invalid_value"),
+    ]
+    for body, code in cases:
+        refused = httpx.post(url + "/admin/keys", json=body, headers=admin)
+        assert_error(refused, 400, code)
+        assert len(refused.text) < 400
+    assert_error(httpx.delete(f"{url}/admin/keys/key-{'x' * 10_000}", headers=admin), 404, "not_found")
+    assert len(httpx.delete(f"{url}/admin/keys/key-{'x' * 10_000}", headers=admin).text) < 400
+    huge = httpx.post(url + "/admin/keys", content=b"{" + b" " * 10_000_000 + b"}", headers=admin)
+    assert_error(huge, 413, "body_too_large")
+    # Sent without a length and never finished: the gateway stops reading at its limit and answers.
+    status, _, answer = post_unfinished(url, "/admin/keys", b'{"name": "', 1_000_000, admin)
+    assert (status, answer["error"]["code"]) == (413, "body_too_large")
+
+
+def test_a_revoked_keys_batches_are_cancelled_and_say_why(env):
+    url = env["urls"][0]
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    created = httpx.post(url + "/admin/keys", json={"name": "leaving"}, headers=admin).json()
+    client = client_for(env["stack"].gateways[0], created["secret"])
+    batch = submit(client, [chat_line(i, max_tokens=200) for i in range(600)])
+    assert wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 8, timeout=30)
+    assert httpx.delete(f"{url}/admin/keys/{created['id']}", headers=admin).status_code == 200
+    redis = env["server"].client()
+
+    def field(name: str):
+        return json.loads(redis.hget(f"gw:batch:{batch.id}", name))
+
+    assert wait_for(lambda: field("status") == "cancelled", timeout=30), field("status")
+    assert [e["code"] for e in field("errors")] == ["api_key_revoked"]
+    assert 8 <= field("completed") < 600 and field("output_file_id")
+    time.sleep(0.5)
+    assert field("completed") + field("failed") < 600  # nothing more ran
+
+
+async def flood(url: str, n: int, connections: int = 8) -> list[int]:
+    """``n`` chat requests, each with a made-up key of its own, pipelined on a few connections
+    (an HTTP client's own work would take ten times as long as the gateway's)."""
+    host, port = url.removeprefix("http://").split(":")
+    body = b'{"model":"%s","messages":[{"role":"user","content":"hi"}]}' % MODEL.encode()
+
+    async def connection(c: int) -> list[int]:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        count = n // connections + (c < n % connections)
+        writer.write(
+            b"".join(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: %s\r\ncontent-length: %d\r\n"
+                b"authorization: Bearer sk-key-%02d%08d.made-up\r\n\r\n%s" % (host.encode(), len(body), c, i, body)
+                for i in range(count)
+            )
+        )
+        statuses = []
+        for _ in range(count):
+            head = await reader.readuntil(b"\r\n\r\n")
+            statuses.append(int(head.split(b" ", 2)[1]))
+            length = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]
+            if length:
+                await reader.readexactly(int(length[0].split(b":")[1]))
+            else:
+                await reader.readuntil(b"\r\n0\r\n\r\n")
+        writer.close()
+        return statuses
+
+    return [status for part in await asyncio.gather(*map(connection, range(connections))) for status in part]
+
+
+def test_a_flood_of_made_up_keys_does_not_push_out_real_ones(env, tmp_path):
+    server = RedisServer(tmp_path).start()
+    try:
+        gateway = env["stack"].add_gateway(env={"GATEWAY_STORE": server.url})
+        admin = {"authorization": f"Bearer {ADMIN}"}
+        key = httpx.post(gateway.url + "/admin/keys", json={"name": "regular"}, headers=admin).json()["secret"]
+        assert chat(gateway.url, key).status_code == 200
+
+        statuses = asyncio.run(flood(gateway.url, CACHE_ENTRIES + 100))
+        assert set(statuses) == {401} and len(statuses) == CACHE_ENTRIES + 100
+        server.kill()
+        # The store is gone: a caller the gateway knows keeps working, as before the flood.
+        reply = chat(gateway.url, key)
+        assert reply.status_code == 200, reply.text
+    finally:
+        server.stop()
 
 
 def test_one_replica_keeps_keys_in_a_file_and_requires_them_once_one_exists(procs, tmp_path):

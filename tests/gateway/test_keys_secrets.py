@@ -1,5 +1,6 @@
 import pytest
 
+from gateway.config import KeysConfig
 from gateway.errors import ApiError
 from gateway.keys import KeyAuthenticator, KeySpecError, hash_secret, key_id_of, new_key
 from gateway.store import MemoryStore, StoreUnavailable
@@ -35,7 +36,7 @@ async def test_known_keys_survive_a_store_outage_and_unknown_ones_get_503():
     store = FlakyStore()
     key, secret = new_key("web", ["interactive"])
     await store.put_key(key)
-    auth = KeyAuthenticator(store, {"cache_s": 0})
+    auth = KeyAuthenticator(store, KeysConfig(cache_s=0))
     await auth.refresh()
     assert auth.required
     assert (await auth.authenticate(f"Bearer {secret}".encode())).key_id == key.id
@@ -68,4 +69,4 @@ async def test_keys_are_required_until_the_store_says_there_are_none():
     empty = KeyAuthenticator(MemoryStore())
     await empty.refresh()
     assert not empty.required
-    assert KeyAuthenticator(DownStore(), {"required": False}).required is False
+    assert KeyAuthenticator(DownStore(), KeysConfig(required=False)).required is False

@@ -1,5 +1,11 @@
-import asyncio
+"""Per-key rate limits: the sliding window, what a response is charged, and (over real HTTP
+with the openai client) that leaving a stream early does not escape the token limit."""
 
+import asyncio
+import time
+
+import httpx
+import openai
 import pytest
 
 from gateway.auth import Principal
@@ -7,6 +13,7 @@ from gateway.core.request import RouteRequest
 from gateway.errors import ApiError
 from gateway.ratelimit import RateLimiter
 from gateway.store import MemoryStore, StoreUnavailable
+from tests.gateway.batch.support import MODEL, client_for, start_stack
 
 
 class DownStore(MemoryStore):
@@ -25,16 +32,24 @@ def request(prompt_tokens: int = 10, max_tokens: int | None = None) -> RouteRequ
     return req
 
 
-async def relay(limiter: RateLimiter, principal: Principal, req: RouteRequest, chunks: list[bytes]) -> list[dict]:
+async def relay(
+    limiter: RateLimiter, principal: Principal, req: RouteRequest, chunks: list[bytes], finished: bool = True
+) -> list[dict]:
+    """Send ``chunks`` through the meter; unless ``finished``, the stream stops before its last message."""
     sent: list[dict] = []
 
     async def send(message: dict) -> None:
         sent.append(message)
 
-    metered = limiter.meter(principal, req, send)
-    await metered({"type": "http.response.start", "status": 200, "headers": []})
+    meter = limiter.meter(principal, req, send)
+    assert meter is not None
+    await meter.send({"type": "http.response.start", "status": 200, "headers": []})
     for i, chunk in enumerate(chunks):
-        await metered({"type": "http.response.body", "body": chunk, "more_body": i < len(chunks) - 1})
+        last = i == len(chunks) - 1
+        if last and not finished:
+            break
+        await meter.send({"type": "http.response.body", "body": chunk, "more_body": not last})
+    meter.close()
     await asyncio.sleep(0)
     return sent
 
@@ -48,8 +63,7 @@ async def test_keys_without_limits_pay_nothing():
     limiter = RateLimiter(store)
     principal = Principal("k", "n")
     await limiter.admit(principal, request())
-    send = object()
-    assert limiter.meter(principal, request(), send) is send
+    assert limiter.meter(principal, request(), object()) is None
     assert store.calls == 0
 
 
@@ -74,6 +88,16 @@ async def test_streams_without_usage_are_charged_max_tokens_or_events():
     assert await tpm_used(store, "k") == 30 + 3
 
 
+async def test_a_stream_cut_short_is_charged_what_it_streamed_once():
+    store = MemoryStore()
+    limiter = RateLimiter(store)
+    principal = Principal("k", "n", tpm=10_000)
+    await relay(limiter, principal, request(max_tokens=500), [b"data: {}\n\n"] * 7, finished=False)
+    assert await tpm_used(store, "k") == 6
+    await relay(limiter, principal, request(max_tokens=4), [b"data: {}\n\n"] * 7, finished=False)
+    assert await tpm_used(store, "k") == 6 + 4
+
+
 async def test_over_the_limit_is_429_and_an_unreachable_store_fails_open():
     store = MemoryStore()
     limiter = RateLimiter(store)
@@ -88,3 +112,52 @@ async def test_over_the_limit_is_429_and_an_unreachable_store_fails_open():
     await open_limiter.admit(principal, request())
     await open_limiter.admit(principal, request())
     assert down.calls == 1
+
+
+ADMIN = "admin-secret-for-tests"
+
+
+@pytest.fixture(scope="module")
+def slow_stack(procs, tmp_path_factory):
+    # Tokens come 20 ms apart, so a client can leave a stream before its last one.
+    keys = {"admin": ADMIN, "cache_s": 0.2, "refresh_s": 0.2}
+    return start_stack(tmp_path_factory.mktemp("tpm"), procs, engine_args=("--token-delay-ms", "20"), keys=keys)
+
+
+def test_leaving_streams_just_before_their_end_does_not_escape_the_token_limit(slow_stack):
+    url = slow_stack.gateways[0].url
+    created = httpx.post(
+        url + "/admin/keys",
+        json={"name": "tpm", "classes": ["interactive"], "tpm": 250},
+        headers={"authorization": f"Bearer {ADMIN}"},
+    )
+    assert created.status_code == 201, created.text
+    client = client_for(slow_stack.gateways[0], created.json()["secret"])
+    max_tokens = 24
+    refused = None
+    for attempt in range(12):
+        try:
+            stream = client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=max_tokens,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        except openai.RateLimitError as exc:
+            refused = (attempt, exc)
+            break
+        with stream:
+            tokens = 0
+            for chunk in stream:
+                assert chunk.usage is None, "the stream ran to its end"
+                if chunk.choices and chunk.choices[0].delta.content:
+                    tokens += 1
+                if tokens == max_tokens - 2:
+                    break  # leave before the last tokens and the usage chunk
+        time.sleep(0.2)  # the gateway notices the client left
+    # Each request costs a few prompt tokens and about 22 streamed ones: 250 tokens last ten requests at most.
+    assert refused is not None, "twelve streams of 24 tokens fitted a limit of 250 tokens per minute"
+    attempt, exc = refused
+    assert attempt <= 10
+    assert exc.code == "rate_limit_exceeded" and "tokens per minute" in exc.message

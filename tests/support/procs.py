@@ -82,10 +82,12 @@ class Proc:
         return self.popen is not None and self.popen.poll() is None
 
 
-def start_engine(tmp: Path, *args: str, model: str = "sim-model", port: int | None = None) -> Proc:
+def start_engine(
+    tmp: Path, *args: str, model: str = "sim-model", port: int | None = None, env: dict[str, str] | None = None
+) -> Proc:
     port = port or free_port()
     cmd = [sys.executable, "-m", "engines.sim", "--host", "127.0.0.1", "--port", str(port), "--model", model, *args]
-    return Proc(cmd, f"http://127.0.0.1:{port}", tmp / f"engine-{port}.log").start()
+    return Proc(cmd, f"http://127.0.0.1:{port}", tmp / f"engine-{port}.log", env=env).start()
 
 
 def start_gateway(tmp: Path, config: dict, env: dict[str, str] | None = None, port: int | None = None) -> Proc:
@@ -94,3 +96,29 @@ def start_gateway(tmp: Path, config: dict, env: dict[str, str] | None = None, po
     path.write_text(yaml.safe_dump(config))
     cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port)]
     return Proc(cmd, f"http://127.0.0.1:{port}", tmp / f"gateway-{port}.log", env=env).start()
+
+
+def start_broken_engine(tmp: Path) -> Proc:
+    """An engine that misbehaves as its requests' ``x-request-id`` asks (``tests.support.broken_engine``)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "tests.support.broken_engine", str(port)]
+    return Proc(cmd, f"http://127.0.0.1:{port}", tmp / f"broken-engine-{port}.log").start()
+
+
+def rss_bytes(proc: Proc) -> int:
+    """Resident memory of a started process, from /proc."""
+    assert proc.popen is not None
+    for line in Path(f"/proc/{proc.popen.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def start_stack(procs: list[Proc], tmp: Path, config: dict, *engine_args: str) -> Proc:
+    """One simulated engine as the ``interactive`` pool and a gateway with ``config`` in front; both ready."""
+    engine = start_engine(tmp, *engine_args)
+    procs.append(engine)
+    engine.wait_ready()
+    gateway = start_gateway(tmp, {"pools": {"interactive": {"engines": [engine.url]}}, **config})
+    procs.append(gateway)
+    return gateway.wait_ready("/ready")

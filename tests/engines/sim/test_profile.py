@@ -51,3 +51,19 @@ def test_overrides_and_constant_step():
     flat = profile.with_constant_step(7)
     assert flat.timing.step_s(5000, 10, 10, 10**6) == pytest.approx(0.007)
     assert flat.speculative.num_speculative_tokens == 0
+
+
+def test_a_host_that_overlaps_the_device_costs_the_slower_of_the_two():
+    timing = Timing(overhead_ms=15, prefill_ms_per_token=0.02, weights_ms=3)
+    assert timing.split_s(1000, 0, 1, 1000) == pytest.approx((0.015, 0.020))
+    assert timing.step_s(1000, 0, 1, 1000) == pytest.approx(0.035)  # launched, then run: the sum
+    overlapped = Timing(overhead_ms=15, prefill_ms_per_token=0.02, weights_ms=3, host_overlaps_device=True)
+    assert overlapped.step_s(1000, 0, 1, 1000) == pytest.approx(0.020)
+    assert overlapped.step_s(0, 1, 1, 100) == pytest.approx(0.015)  # a decode step: launches dominate
+
+
+def test_the_api_servers_share_grows_with_the_prompt_not_the_steps():
+    timing = Timing(overhead_ms=5, request_overhead_ms=20, request_ms_per_prompt_token=0.002)
+    assert timing.request_s(1000) == pytest.approx(0.022)
+    assert timing.step_s(0, 1, 1, 1000) == pytest.approx(0.005)
+    assert load_profile("h200-7b-bf16").timing.request_s(0) > 0

@@ -1,6 +1,7 @@
 import pytest
 
-from engines.sim.core import FCFS, PRIORITY, EngineCore
+from engines.sim.core import FCFS, PRIORITY, EngineCore, SharedDevice
+from engines.sim.profile import Profile, Timing
 
 from .helpers import completion_order, request, run, shared_hashes, small_profile, tokens_of
 
@@ -174,3 +175,19 @@ def test_duplicate_request_ids_are_refused():
     core.add_request(request("same"), 0.0)
     with pytest.raises(ValueError):
         core.add_request(request("same"), 0.0)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_engines_sharing_a_device_take_turns_for_its_part(overlap):
+    timing = Timing(overhead_ms=1.0, prefill_ms_per_token=0.5, host_overlaps_device=overlap)
+    profile = Profile("shared", timing=timing, block_size=4, num_blocks=64, max_num_batched_tokens=64)
+    device = SharedDevice()
+    a, b, alone = EngineCore(profile, device=device), EngineCore(profile, device=device), EngineCore(profile)
+    for core in (a, b, alone):
+        core.add_request(request("r", prompt=20), 0.0)
+    host, work = 0.001, 0.010  # 20 prefill tokens at 0.5 ms on the device
+    first = host + work if not overlap else work
+    assert alone.step(0.0).duration_s == pytest.approx(first)
+    assert a.step(0.0).duration_s == pytest.approx(first)
+    # B asked for the device while A held it: its part runs after A's.
+    assert b.step(0.0).duration_s == pytest.approx(first + work)

@@ -124,6 +124,35 @@ def test_prefix_cache_hits_are_reported_and_salted_apart(engines):
     assert metric(engines["main"], "vllm:prefix_cache_hits_total") == hits + 160
 
 
+def test_token_id_prompts_count_exactly_and_hit_the_cache(engines):
+    api = client(engines["main"])
+    ids = [300 + i for i in range(40)]
+    cold = api.completions.create(model=MODEL, prompt=ids, max_tokens=1)
+    warm = api.completions.create(model=MODEL, prompt=[ids], max_tokens=1)  # a batch of one prompt
+    assert cold.usage.prompt_tokens == warm.usage.prompt_tokens == 40
+    assert (cold.usage.prompt_tokens_details.cached_tokens, warm.usage.prompt_tokens_details.cached_tokens) == (0, 32)
+    one = api.completions.create(model=MODEL, prompt=[5], max_tokens=1)  # one token id, as vLLM takes it
+    assert one.usage.prompt_tokens == 1
+    with pytest.raises(openai.BadRequestError, match="out of vocabulary"):
+        api.completions.create(model=MODEL, prompt=[1, tokens.VOCAB_SIZE], max_tokens=1)
+
+
+def test_reset_prefix_cache_only_in_dev_mode(engines, procs, tmp_path):
+    assert httpx.post(engines["fcfs"] + "/reset_prefix_cache", timeout=5).status_code == 404
+    dev = start_engine(
+        tmp_path, "--token-delay-ms", "1", "--enable-prompt-tokens-details", env={"VLLM_SERVER_DEV_MODE": "1"}
+    )
+    procs.append(dev)
+    dev.wait_ready()
+    api = client(dev.url)
+    prompt = [300 + i for i in range(40)]
+    api.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+    assert api.completions.create(model=MODEL, prompt=prompt, max_tokens=1).usage.prompt_tokens_details.cached_tokens
+    assert httpx.post(dev.url + "/reset_prefix_cache", timeout=5).status_code == 200
+    after = api.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+    assert after.usage.prompt_tokens_details.cached_tokens == 0
+
+
 def test_streamed_completion_without_usage_ends_with_done(engines):
     with httpx.stream(
         "POST",
@@ -270,3 +299,14 @@ def test_kv_events_from_a_binding_engine(engines):
         assert events[0]["block_hashes"] == tokens.block_hashes_for_text("b" * 64 * 3, 16)
     finally:
         sock.close(linger=0)
+
+
+def test_the_api_servers_share_delays_the_first_token(procs, tmp_path):
+    profile = tmp_path / "slow-front.yaml"
+    profile.write_text("engine: {max_model_len: 2048}\ntiming: {overhead_ms: 1.0, request_overhead_ms: 150.0}\n")
+    engine = start_engine(tmp_path, "--profile", str(profile))
+    procs.append(engine)
+    engine.wait_ready()
+    started = time.perf_counter()
+    client(engine.url).completions.create(model=MODEL, prompt=[300, 301, 302], max_tokens=1)
+    assert time.perf_counter() - started >= 0.150

@@ -55,6 +55,6 @@ def test_lines_refused_for_want_of_an_engine_are_retried_until_one_is_up(procs, 
 )
 def test_the_batch_and_keys_sections_are_checked(section, bad, word):
     pools = {"interactive": {"engines": ["http://127.0.0.1:1"]}}
-    assert parse_config({"pools": pools, "batch": {"concurrency": 8}}).batch["concurrency"] == 8
+    assert parse_config({"pools": pools, "batch": {"concurrency": 8}}).batch.concurrency == 8
     with pytest.raises(ConfigError, match=word):
         parse_config({"pools": pools, section: bad})

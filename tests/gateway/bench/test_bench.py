@@ -123,6 +123,36 @@ def test_trace_replay_sends_every_request_with_shared_prefixes_shared(engine, tm
     assert (out / "report.png").exists() and (out / "report.html").exists()
 
 
+def test_token_id_replay_reports_the_engines_cached_tokens_per_request(procs, tmp_path):
+    engine = start_engine(tmp_path, "--token-delay-ms", "2", "--enable-prompt-tokens-details").wait_ready()
+    procs.append(engine)
+    mooncake = tmp_path / "mooncake.jsonl"
+    lines = [
+        {"timestamp": 1000 * i, "input_length": 1100, "output_length": 4, "hash_ids": [1, 2, 100 + i]} for i in range(4)
+    ]
+    mooncake.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    command = (
+        f"--url {engine.url} --trace {mooncake} --rate-scale 4 --endpoint completions --token-ids"
+        " --trace-block-tokens 128"
+    )
+    code, results = bench(tmp_path / "ids", command)
+    assert code == 0 and results["prompts"] == "token ids"
+    run = results["runs"][0]
+    assert run["completed"] == 4
+    # 1100 tokens at 128 a block instead of 512: 275 each, exactly, as the engine counted them.
+    assert run["prompt_tokens"] == 4 * 275
+    # Each later request finds the two shared blocks (256 tokens, 16 engine blocks) cached.
+    assert run["cached_tokens"] == 3 * 256
+    assert run["cached_token_ratio"] == round(768 / 1100, 4)
+    assert run["request_cached_ratio_p50"] == round(256 / 275, 4)
+    assert run["requests_with_cache_hit"] == 0.75
+
+
+def test_token_ids_need_the_completions_endpoint(engine, tmp_path):
+    with pytest.raises(SystemExit, match="completions"):
+        bench(tmp_path / "x", f"--url {engine.url} --concurrency 1 --duration 0.2 --token-ids")
+
+
 def test_errors_are_counted_by_status_and_code(engine, tmp_path):
     command = f"--url {engine.url}/v1 --model no-such-model --concurrency 2 --duration 0.3"
     code, results = bench(tmp_path / "err", command)

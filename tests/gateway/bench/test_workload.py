@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from gateway.bench.workload import SyntheticWorkload, load_arrivals, trace_prompt
-from gateway.simulate.traces import TRACE_BLOCK_TOKENS, TraceRequest
+from gateway.bench.workload import (
+    FIRST_ORDINARY_ID,
+    SyntheticWorkload,
+    TokenIds,
+    load_arrivals,
+    trace_prompt,
+    trace_token_ids,
+)
+from gateway.simulate.traces import TRACE_BLOCK_TOKENS, TraceRequest, scale_blocks
 
 BLOCK_CHARS = 64
 
@@ -71,3 +78,32 @@ def test_arrivals_scaled_cut_and_classed(tmp_path):
     assert [a.spec().output_len for a in arrivals] == [5, 6, 7, 8, 9]
     assert load_arrivals([str(trace)], x_priority="interactive")[0].cls == "interactive"
     assert load_arrivals([str(trace)])[0].cls is None
+
+
+def test_token_id_trace_prompts_have_exact_lengths_and_share_equal_blocks():
+    ids = TokenIds(32000)
+    a = TraceRequest(0.0, 1200, 10, (7, 8, 9))
+    b = TraceRequest(1.0, 1100, 10, (7, 8, 5))
+    pa, pb = trace_token_ids(a, ids, "run1"), trace_token_ids(b, ids, "run1")
+    assert len(pa) == 1200 and len(pb) == 1100
+    assert all(FIRST_ORDINARY_ID <= t < 32000 for t in pa + pb)
+    shared = 2 * TRACE_BLOCK_TOKENS
+    assert pa[:shared] == pb[:shared]
+    assert pa[shared : shared + 16] != pb[shared : shared + 16]
+    assert trace_token_ids(a, ids, "run2")[:16] != pa[:16]  # another run: another cache
+
+
+def test_scaled_blocks_shrink_prompts_and_keep_what_is_shared():
+    ids = TokenIds(32000)
+    a, b = scale_blocks([TraceRequest(0.0, 1200, 10, (7, 8, 9)), TraceRequest(1.0, 1100, 10, (7, 8, 5))], 128)
+    assert (a.input_len, b.input_len) == (300, 275)
+    pa, pb = trace_token_ids(a, ids), trace_token_ids(b, ids)
+    assert len(pa) == 300 and len(pb) == 275
+    assert pa[:256] == pb[:256] and pa[256:272] != pb[256:272]
+
+
+def test_token_id_synthetic_prompts_share_only_the_shared_prefix():
+    workload = SyntheticWorkload(300, 10, spread=0.0, shared_prefix_len=64, tag="t", token_ids=TokenIds(32000))
+    a, b = workload.next().prompt, workload.next().prompt
+    assert isinstance(a, list) and len(a) == len(b) == 300
+    assert a[:64] == b[:64] and a[64:80] != b[64:80]

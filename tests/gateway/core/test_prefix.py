@@ -1,4 +1,14 @@
-from gateway.core.prefix import chain_seed, hash_blocks, prompt_text, render_messages
+import pytest
+
+from gateway.core.prefix import (
+    TokenPromptError,
+    chain_seed,
+    hash_blocks,
+    hash_token_blocks,
+    prompt_text,
+    render_messages,
+    token_prompt,
+)
 
 
 def test_shared_leading_text_gives_shared_leading_hashes():
@@ -38,3 +48,38 @@ def test_chat_rendering_is_canonical():
     assert prompt_text({"messages": messages}) == render_messages(messages)
     assert prompt_text({"prompt": "abc"}) == "abc"
     assert prompt_text({"prompt": ["first", "second"]}) == "first"
+
+
+def test_token_prompts_hash_by_token_blocks_not_as_text():
+    seed = chain_seed("m")
+    shared = list(range(100, 100 + 64))
+    a = token_prompt({"prompt": shared + [7] * 16})
+    b = token_prompt({"prompt": [shared + [9] * 16, [1, 2]]})  # a batch routes on its first prompt
+    assert a is not None and b is not None
+    ha, hb = hash_token_blocks(a, seed, 16), hash_token_blocks(b, seed, 16)
+    assert len(ha) == len(hb) == 5  # 80 ids: five full blocks of 16, nothing estimated from characters
+    assert ha[:4] == hb[:4]
+    assert ha[4] != hb[4]
+    assert hash_token_blocks(a, chain_seed("m", "tenant"), 16) != ha
+    assert hash_token_blocks(a[:15], seed, 16) == []
+    assert len(hash_token_blocks(list(range(16 * 300)), seed, 16, max_blocks=256)) == 256
+
+
+def test_token_blocks_do_not_collide_with_the_text_of_the_ids():
+    seed = chain_seed("m")
+    ids = list(range(1000, 1064))
+    assert hash_token_blocks(ids, seed, 16)[0] not in hash_blocks(" ".join(map(str, ids)), seed)
+
+
+def test_text_and_chat_prompts_are_not_token_prompts():
+    assert token_prompt({"prompt": "abc"}) is None
+    assert token_prompt({"prompt": ["abc", "def"]}) is None
+    assert token_prompt({"messages": [{"role": "user", "content": "x"}], "prompt": [1, 2]}) is None
+    assert token_prompt({"prompt": []}) is None
+    assert token_prompt({"prompt": [5]}) == [5]
+
+
+@pytest.mark.parametrize("prompt", [[1, -1], [1, 2**32], [1, "2"], [True, 2], [[1, 2.5]], [1, None]])
+def test_invalid_token_ids_are_refused(prompt):
+    with pytest.raises(TokenPromptError):
+        token_prompt({"prompt": prompt})

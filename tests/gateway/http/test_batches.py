@@ -21,6 +21,7 @@ from tests.gateway.batch.support import (
     wait_batch,
 )
 from tests.support.observe import metric
+from tests.support.partial_body import post_unfinished
 
 
 @pytest.fixture(scope="module")
@@ -217,3 +218,19 @@ def test_bad_create_requests_are_4xx_in_openai_shape(stack, client):
     with pytest.raises(openai.NotFoundError):
         client.batches.cancel("batch_nope")
     assert json.loads(httpx.get(url + "?limit=0").text)["error"]["param"] == "limit"
+
+
+def test_create_reads_a_bounded_body_and_echoes_only_a_prefix(stack, client):
+    url = stack.gateways[0].url
+    long_id = "file-" + "x" * 60_000
+    body = {"input_file_id": long_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    response = httpx.post(url + "/v1/batches", json=body)
+    assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+    assert len(response.text) < 400
+    response = httpx.get(url + "/v1/batches/batch_" + "y" * 10_000)
+    assert response.status_code == 404 and len(response.text) < 400
+    huge = httpx.post(url + "/v1/batches", json={**body, "input_file_id": "file-" + "x" * 10_000_000})
+    assert huge.status_code == 413 and huge.json()["error"]["code"] == "body_too_large"
+    # Sent without a length and never finished: the gateway stops reading at its limit and answers.
+    status, _, answer = post_unfinished(url, "/v1/batches", b'{"input_file_id": "', 1_000_000)
+    assert (status, answer["error"]["code"]) == (413, "body_too_large")

@@ -9,10 +9,13 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.batch.support import chat_line, client_for, jsonl, start_stack
+from gateway.http.files import FORM_OVERHEAD
+from tests.gateway.batch.support import chat_line, client_for, jsonl, start_stack, wait_batch
 from tests.support.observe import wait_for
+from tests.support.partial_body import post_unfinished
 
 LIMIT = 50_000
+ENDPOINT = "/v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +137,66 @@ def test_expired_files_are_swept_from_the_store_and_the_files_dir(procs, tmp_pat
     assert client.files.retrieve(kept.id).id == kept.id
     assert client.files.content(kept.id).content == b"{}\n"
     assert short.id not in file_ids(client)
+
+
+def multipart_head(boundary: str = "b0undary") -> tuple[bytes, dict[str, str]]:
+    head = (
+        f'--{boundary}\r\ncontent-disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        f'--{boundary}\r\ncontent-disposition: form-data; name="file"; filename="big.jsonl"\r\n'
+        "content-type: application/octet-stream\r\n\r\n"
+    ).encode()
+    return head, {"content-type": f"multipart/form-data; boundary={boundary}"}
+
+
+def test_an_upload_without_a_length_is_read_only_up_to_the_limit(stack, client):
+    before = file_ids(client)
+    head, headers = multipart_head()
+    # Four times the limit, never finished: a gateway that reads it all before judging never answers.
+    status, _, answer = post_unfinished(stack.gateways[0].url, "/v1/files", head, 4 * LIMIT + FORM_OVERHEAD, headers)
+    assert (status, answer["error"]["code"]) == (413, "file_too_large")
+    assert file_ids(client) == before
+
+
+def test_a_long_file_name_is_refused(stack, client):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.files.create(file=("n" * 1000 + ".jsonl", io.BytesIO(b"{}\n")), purpose="batch")
+    assert refused.value.code == "invalid_value" and len(refused.value.message) < 300
+
+
+def test_each_key_keeps_files_within_its_quota(stack):
+    quota = {"file_quota_files": 3, "file_quota_bytes": 100_000}
+    stack.config, original = dict(stack.config, batch={**stack.config["batch"], **quota}), stack.config
+    try:
+        client = client_for(stack.add_gateway())
+    finally:
+        stack.config = original
+
+    def put(size: int) -> str:
+        return client.files.create(file=("f.jsonl", io.BytesIO(b"x" * (size - 1) + b"\n")), purpose="batch").id
+
+    def refused(call) -> openai.BadRequestError:
+        with pytest.raises(openai.BadRequestError) as error:
+            call()
+        assert error.value.code == "file_quota_exceeded" and error.value.param == "file"
+        assert "3 files and 100000 bytes" in error.value.message
+        return error.value
+
+    first, _ = put(40_000), put(40_000)
+    refused(lambda: put(30_000))  # 110,000 bytes in all
+    batch_input = client.files.create(file=("in.jsonl", io.BytesIO(jsonl([chat_line(0)]))), purpose="batch").id
+    refused(lambda: put(100))  # a fourth file
+
+    # Full, a key cannot start a batch: its results would have nowhere to go.
+    def start_batch():
+        return client.batches.create(input_file_id=batch_input, endpoint=ENDPOINT, completion_window="24h")
+
+    refused(start_batch)
+    assert len(file_ids(client)) == 3
+    client.files.delete(first)
+    created = start_batch()
+    assert created.status == "validating"
+    # The batch's output took the freed room; once it is deleted there is room for an upload again.
+    batch = wait_batch(client, created.id)
+    refused(lambda: put(100))
+    client.files.delete(batch.output_file_id)
+    assert put(100)

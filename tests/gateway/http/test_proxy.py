@@ -186,6 +186,24 @@ def test_unknown_path_is_404_in_openai_shape(stack):
     assert_openai_error(httpx.get(stack["gateway"].url + "/v1/nothing"), 404)
 
 
+def test_token_id_prompts_keep_a_shared_prefix_on_one_engine(stack, client):
+    engines = stack["interactive"]
+    before = [metric(e.url, "vllm:prefix_cache_hits_total") for e in engines]
+    shared = [1000 + i for i in range(128)]  # eight full blocks of 16 tokens
+    for i in range(6):
+        reply = client.completions.create(model=MODEL, prompt=shared + [5000 + i] * 8, max_tokens=2)
+        assert reply.usage.prompt_tokens == 136
+    gained = sorted(metric(e.url, "vllm:prefix_cache_hits_total") - b for e, b in zip(engines, before, strict=True))
+    assert gained == [0, 5 * 128]
+
+
+@pytest.mark.parametrize("prompt", [b"[1, -3]", b'[1, "x"]', b"[[4294967296]]"])
+def test_invalid_token_ids_are_400(stack, prompt):
+    r = post(stack, "/v1/completions", b'{"model": "sim-model", "max_tokens": 2, "prompt": ' + prompt + b"}")
+    assert_openai_error(r, 400, "invalid_value")
+    assert r.json()["error"]["param"] == "prompt"
+
+
 # -- faults -------------------------------------------------------------------------------
 
 

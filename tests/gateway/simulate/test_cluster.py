@@ -143,7 +143,7 @@ def test_precise_mode_predicts_what_the_engines_really_serve_from_cache(replicas
 
 
 def test_bad_policy_options_are_refused_clearly():
-    for option, message in (("bogus=1", "KEY one of"), ("cache_weight=lots", "takes a number")):
+    for option, message in (("bogus=1", "unknown key"), ("cache_weight=lots", "expected a number")):
         out = subprocess.run(
             [sys.executable, "-m", "gateway", "sim", "--trace", str(MOONCAKE), "--policy-option", option],
             capture_output=True,
@@ -151,3 +151,37 @@ def test_bad_policy_options_are_refused_clearly():
             cwd=ROOT,
         )
         assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def _ttfts(timing: dict, engines_per_device: int = 1) -> list[float]:
+    from engines.sim.profile import profile_from_dict
+    from gateway.core.classes import INTERACTIVE, Budget
+    from gateway.simulate.cluster import ClusterSetup, PoolSetup
+
+    engine = {"block_size": 16, "num_blocks": 4096, "max_num_batched_tokens": 2048, "max_model_len": 8192}
+    profile = profile_from_dict({"engine": engine, "timing": timing})
+    setup = ClusterSetup(
+        [PoolSetup(INTERACTIVE, 2, profile)],
+        policy="round_robin",
+        budgets={INTERACTIVE: Budget()},
+        engines_per_device=engines_per_device,
+    )
+    setup.admission.enabled = False
+    trace = [TraceRequest(0.01 * i, 1024, 4, (10 * i, 10 * i + 1)) for i in range(2)]
+    records = Cluster(setup).run(trace)["records"].values()
+    return [r.first - r.req.arrival for r in records]
+
+
+def test_the_api_servers_share_of_a_request_adds_to_its_ttft():
+    timing = {"overhead_ms": 2.0, "prefill_ms_per_token": 0.01}
+    plain = _ttfts(timing)
+    slowed = _ttfts({**timing, "request_overhead_ms": 30.0, "request_ms_per_prompt_token": 0.01})
+    assert all(s == pytest.approx(p + 0.030 + 1024 * 0.01e-3) for s, p in zip(slowed, plain, strict=True))
+
+
+def test_engines_on_one_device_wait_for_each_other():
+    timing = {"overhead_ms": 1.0, "prefill_ms_per_token": 0.05}
+    apart, together = _ttfts(timing), _ttfts(timing, engines_per_device=2)
+    assert apart[0] == pytest.approx(together[0])
+    # The second prefill (51 ms of device work) waits for the first one's, which began 10 ms earlier.
+    assert together[1] == pytest.approx(apart[1] + 0.0512 - 0.010, abs=1e-3)

@@ -13,6 +13,7 @@ from gateway.store.records import (
     ApiKey,
     BatchRecord,
     FileRecord,
+    FileUsage,
     Line,
 )
 
@@ -73,6 +74,27 @@ async def test_expired_files_come_due_in_expiry_order_until_deleted(store):
     assert (await store.get_file("file-4")).expires_at == 5000
     await store.delete_file("file-2")
     assert await store.expired_files(9999, 10) == ["file-1", "file-4"]
+
+
+async def test_files_count_against_their_owner_and_a_limit_refuses_whole(store):
+    limit = FileUsage(files=3, bytes=65)
+    assert await store.put_file(file(1), limit) and await store.put_file(file(2), limit)
+    assert await store.file_usage("k1") == FileUsage(2, 30)
+    assert not await store.put_file(file(4), limit)  # 70 bytes
+    assert await store.get_file("file-4") is None and await store.file_usage("k1") == FileUsage(2, 30)
+    assert await store.put_file(file(3), limit)
+    assert not await store.put_file(file(0), limit)  # a fourth file
+    # Written again (a retried finalisation), a file counts its change in size only.
+    assert await store.put_file(file(3))
+    bigger = file(3)
+    bigger.bytes = 35
+    assert await store.put_file(bigger, limit)
+    assert await store.file_usage("k1") == FileUsage(3, 65)
+    assert await store.put_file(file(5, owner="k2"), limit)
+    assert await store.file_usage("k2") == FileUsage(1, 50)
+    assert await store.delete_file("file-3") and not await store.delete_file("file-3")
+    assert await store.file_usage("k1") == FileUsage(2, 30)
+    assert await store.file_usage("nobody") == FileUsage(0, 0)
 
 
 async def test_blobs_round_trip(store):

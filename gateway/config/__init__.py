@@ -1,0 +1,41 @@
+"""The gateway's configuration: typed sections (``sections``), read from YAML, ``GATEWAY__*``
+environment variables and command-line options (``load``), documented in
+``docs/configuration.md`` (``reference``)."""
+
+from gateway.config.load import load_config, parse_config
+from gateway.config.schema import ConfigError, Raw
+from gateway.config.sections import (
+    POLICY_NAMES,
+    AdmissionConfig,
+    ClassConfig,
+    ClassesConfig,
+    Config,
+    HealthConfig,
+    KeysConfig,
+    ListenConfig,
+    PoolConfig,
+    PrefixConfig,
+    PrefixPolicyConfig,
+    ScrapeConfig,
+    UpstreamConfig,
+)
+
+__all__ = [
+    "POLICY_NAMES",
+    "AdmissionConfig",
+    "ClassConfig",
+    "ClassesConfig",
+    "Config",
+    "ConfigError",
+    "HealthConfig",
+    "KeysConfig",
+    "ListenConfig",
+    "PoolConfig",
+    "PrefixConfig",
+    "PrefixPolicyConfig",
+    "Raw",
+    "ScrapeConfig",
+    "UpstreamConfig",
+    "load_config",
+    "parse_config",
+]
