@@ -53,6 +53,7 @@ def admission_settings(config: Config) -> AdmissionSettings:
         interval_s=a.interval_s,
         cooldown_s=a.cooldown_s,
         window_s=a.window_s,
+        recover_s=a.recover_s,
         min_samples=a.min_samples,
         unbudgeted=a.unbudgeted_limit,
     )
@@ -214,6 +215,10 @@ class Gateway:
         while True:
             await asyncio.sleep(POLL_INTERVAL_S)
             self.settle(self.dispatcher.poll(time.monotonic()))
+            for change in self.dispatcher.take_limit_changes():
+                log.info(
+                    "concurrency_limit", engine=change.engine, old=change.old, new=change.new, reason=change.reason
+                )
 
     # -- models ------------------------------------------------------------------------
 
