@@ -31,6 +31,7 @@ from gateway.core.limiter import LimitSettings
 from gateway.core.request import RouteRequest
 from gateway.keys import KeyAuthenticator
 from gateway.metrics import GatewayMetrics
+from gateway.models import Catalog
 from gateway.ratelimit import RateLimiter
 from gateway.store import open_store
 from gateway.tokenizers import load_tokenizer
@@ -82,6 +83,7 @@ def build_dispatcher(config: Config) -> Dispatcher:
                 backfill=pool.backfill,
                 accept_overflow=pool.accept_overflow,
                 policy_options=policy_options(config, pool),
+                models=(*pool.models, *([pool.model] if pool.model else [])),
             )
             for name, pool in config.pools.items()
         ],
@@ -127,7 +129,7 @@ class Gateway:
         self.batches = BatchService(self.store, config.batch, self.metrics, self.model_ids)
         self.block_chars = config.prefix.block_chars
         self.block_tokens = config.prefix.block_tokens
-        self._configured_models = {p.model for p in config.pools.values() if p.model}
+        self.catalog = Catalog(config, self.monitor)
         self._waiters: dict[str, asyncio.Future[Outcome]] = {}
         self._poller: asyncio.Task[None] | None = None
         self.on_stop: list[Callable[[], None]] = []
@@ -223,7 +225,7 @@ class Gateway:
     # -- models ------------------------------------------------------------------------
 
     def model_ids(self) -> set[str]:
-        return self.monitor.model_ids() | self._configured_models
+        return set(self.catalog.known())
 
     # -- queued requests ------------------------------------------------------------------
 

@@ -22,13 +22,14 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway import accesslog, log
 from gateway.core.classes import Budget, ClassificationError, classify
 from gateway.core.dispatcher import Dispatch, Outcome, Queued, Rejection
+from gateway.core.models import engine_tag
 from gateway.core.precise import token_block_hashes
 from gateway.core.prefix import (
     TokenPromptError,
@@ -44,6 +45,8 @@ from gateway.errors import ApiError, error_body
 from gateway.http.answers import engine_error, is_event_stream, is_json, json_object, not_json
 from gateway.http.body import check_responses, echo, max_tokens_of, parse_body, with_priority
 from gateway.http.exchange import USAGE_TAIL, Exchange
+from gateway.http.model_names import ModelNames, with_model
+from gateway.models import Resolved
 from gateway.ratelimit import Meter
 from gateway.tokenizers import prompt_token_ids
 from gateway.upstream.h1 import ConnectError, OutOfDescriptors, ReadTimeout, Response, UpstreamError
@@ -163,6 +166,7 @@ class Proxy:
         self.deadlines = gateway.config.upstream
         self.access_log = gateway.config.access_log
         self.tracing: Tracing | None = gateway.tracing
+        self.engine_header = gateway.config.models.engine_header
         self._queued_bytes: dict[str, int] = {}
         self._requests: dict[tuple[str, str, int], Any] = {}
         self._ttft: dict[tuple[str, str], Any] = {}
@@ -228,11 +232,16 @@ class Proxy:
                     budget = budget.tightened(headers.slo_ttft, headers.slo_tpot)
             except ClassificationError as exc:
                 raise ApiError(exc.status, exc.message, exc.code, exc.param) from None
-            req = self._route_request(parsed, endpoint, cls, budget, headers.session, started)
+            resolved = self._model(parsed)
+            req = self._route_request(parsed, endpoint, cls, budget, headers.session, started, resolved)
             stream = record.stream = parsed.get("stream") is True
             record.model = req.model
             record.prompt_estimate = req.prompt_tokens or None
             own_priority = "priority" in parsed
+            names = None
+            if resolved.served != resolved.public:
+                body = with_model(parsed, resolved.served)
+                names = ModelNames(resolved.public, resolved.served)
             # Only the raw bytes wait in the queue; what routing needed is in ``req``.
             del parsed
             if principal is not None and self.gw.limiter is not None:
@@ -246,6 +255,7 @@ class Proxy:
             if span is not None:
                 engine_headers += tuple(span.engine_headers())
             upstream = _Upstream(endpoint, body, stream, own_priority, request_id, started, record, engine_headers)
+            upstream.names, upstream.engine_header = names, self.engine_header
             while await self._relay(send, upstream, dispatch, call):
                 # Preempted to make room for interactive work: queued again, start over when our turn comes.
                 dispatch = self._admitted(req, await self._wait(req, len(body), refuse=False), record)
@@ -301,32 +311,33 @@ class Proxy:
         budget: Budget,
         session: str | None,
         started: float,
+        resolved: Resolved,
     ) -> RouteRequest:
-        model = self._model(parsed)
         req = RouteRequest(
             next(self._ids),
             cls,
-            model,
+            resolved.served,
             started,
             budget=budget,
             session=session,
             restartable=parsed.get("stream") is not True,
+            adapter=resolved.adapter,
         )
         req.max_tokens = max_tokens_of(parsed)
         if endpoint.hashes_prompt:
-            self._hash_prompt(req, parsed)
+            self._hash_prompt(req, parsed, resolved.seed)
         return req
 
-    def _hash_prompt(self, req: RouteRequest, parsed: dict[str, Any]) -> None:
+    def _hash_prompt(self, req: RouteRequest, parsed: dict[str, Any], seed_key: str) -> None:
         try:
-            precise = self.gw.precise.get(self.gw.dispatcher.home[req.cls])
+            precise = self.gw.precise.get(self.gw.dispatcher.pool_for(req.cls, req.model).name)
             if precise is not None:
                 token_ids = prompt_token_ids(precise.tokenizer, parsed)
                 req.prompt_tokens = len(token_ids)
                 req.block_tokens = precise.block_size()
-                req.prefix = token_block_hashes(token_ids, req.block_tokens)
+                req.prefix = token_block_hashes(token_ids, req.block_tokens, lora_name=req.adapter)
                 return
-            seed = chain_seed(req.model, parsed.get("cache_salt"))
+            seed = chain_seed(seed_key, parsed.get("cache_salt"))
             req.block_tokens = self.gw.block_tokens
             token_ids = token_prompt(parsed)
             if token_ids is not None:
@@ -340,23 +351,19 @@ class Proxy:
         req.prompt_tokens = estimate_tokens(text)
         req.prefix = hash_blocks(text, seed, self.gw.block_chars)
 
-    def _model(self, parsed: dict[str, Any]) -> str:
+    def _model(self, parsed: dict[str, Any]) -> Resolved:
+        catalog = self.gw.catalog
         model = parsed.get("model")
-        known = self.gw.model_ids()
+        known = catalog.known()
         if model is None:
             if len(known) == 1:
-                return next(iter(known))
+                return catalog.resolve(next(iter(known)))
             raise ApiError(400, "'model' is required", "missing_required_parameter", "model")
         if not isinstance(model, str):
             raise ApiError(400, "'model' must be a string", "invalid_value", "model")
         if known and model not in known:
-            raise ApiError(
-                404,
-                f"The model '{echo(model)}' does not exist; served: {', '.join(sorted(known))}",
-                "model_not_found",
-                "model",
-            )
-        return model
+            raise ApiError(404, catalog.unknown_message(model, echo(model)), "model_not_found", "model")
+        return catalog.resolve(model)
 
     # -- admission -------------------------------------------------------------------
 
@@ -498,6 +505,8 @@ class Proxy:
                     status = failure.status
                     self._engine_failed(dispatch, upstream, f"engine answered {response.status}", "answer")
                 else:
+                    if upstream.names is not None:
+                        payload = upstream.names.restore(payload)
                     head = upstream.head(dispatch, content_type, payload)
                     await send({"type": "http.response.start", "status": 200, "headers": head})
                     await send({"type": "http.response.body", "body": payload})
@@ -577,7 +586,9 @@ class Proxy:
         ttft_metric, itl_metric = self._timers(dispatch.request.cls, dispatch.pool)
         dispatcher = self.gw.dispatcher
         clock = time.monotonic
-        chunk = await response.next_chunk()
+        names = upstream.names
+        next_chunk = response.next_chunk if names is None else _restoring(response, names)
+        chunk = await next_chunk()
         # Bytes sent and the last two chunks (where the usage is), in locals while the stream runs.
         sent = 0
         older = previous = b""
@@ -589,7 +600,7 @@ class Proxy:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     sent += len(chunk)
                     older, previous = previous, chunk
-                    chunk = await response.next_chunk()
+                    chunk = await next_chunk()
             last = clock()
             if chunk is not None:
                 ttft = record.ttft_s = last - upstream.started
@@ -599,7 +610,7 @@ class Proxy:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 sent += len(chunk)
                 older, previous = previous, chunk
-                chunk = await response.next_chunk()
+                chunk = await next_chunk()
                 if chunk is None:
                     break
                 now = clock()
@@ -637,6 +648,16 @@ class Proxy:
             log.debug("error_after_response_started", status=exc.status)
 
 
+def _restoring(response: Response, names: ModelNames) -> Callable[[], Awaitable[bytes | None]]:
+    """``response.next_chunk`` with the public model name put back in every chunk."""
+
+    async def next_chunk() -> bytes | None:
+        chunk = await response.next_chunk()
+        return None if chunk is None else names.restore(chunk)
+
+    return next_chunk
+
+
 def _uncancel() -> None:
     current = asyncio.current_task()
     if current is not None:
@@ -656,6 +677,9 @@ class _Upstream:
     record: Exchange
     headers: tuple[tuple[bytes, bytes], ...]
     """What every attempt sends the engine: content type, ``x-request-id``, the trace context."""
+    names: ModelNames | None = None
+    """An aliased request's served and public model names (None: no alias, nothing rewritten)."""
+    engine_header: bool = True
 
     def body_for(self, dispatch: Dispatch) -> bytes:
         if dispatch.priority is None:
@@ -669,6 +693,8 @@ class _Upstream:
             (b"x-gateway-pool", dispatch.pool.encode()),
             (b"x-request-id", self.request_id.encode()),
         ]
+        if self.engine_header:
+            headers.append((b"x-gateway-engine", engine_tag(dispatch.engine.id).encode()))
         if payload is not None:
             # Our own length, never the engine's: what we send is exactly ``payload``.
             headers.append((b"content-length", str(len(payload)).encode()))
