@@ -40,11 +40,14 @@ class Catalog:
             }
         )
         configured: set[str] = set()
+        loadable: set[str] = set()
         for pool in config.pools.values():
             if pool.model:
                 configured.add(pool.model)
             configured.update(pool.models)
-        self._configured = frozenset(configured)
+            loadable.update(pool.lora_adapters)
+        self._configured = frozenset(configured | loadable)
+        self._loadable = frozenset(loadable)
         self._version = -1
         self._entries: dict[str, dict[str, Any]] = {}
         self._known: frozenset[str] = self._configured
@@ -82,6 +85,8 @@ class Catalog:
                 root = str(base.get("root") or parent) if base is not None else parent
             else:
                 root = str(entry.get("root") or name)
+        elif name in self._loadable:
+            adapter = name
         return Resolved(public, name, adapter, cache_key(root, adapter))
 
     def unknown_message(self, model: str, shown: str) -> str:

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from gateway import log
+from gateway.adapters import AdapterLoader
 from gateway.auth import Authenticator
 from gateway.batch import BatchService
 from gateway.config import Config, PoolConfig
@@ -84,6 +85,7 @@ def build_dispatcher(config: Config) -> Dispatcher:
                 accept_overflow=pool.accept_overflow,
                 policy_options=policy_options(config, pool),
                 models=(*pool.models, *([pool.model] if pool.model else [])),
+                loadable=tuple(pool.lora_adapters),
             )
             for name, pool in config.pools.items()
         ],
@@ -130,6 +132,7 @@ class Gateway:
         self.block_chars = config.prefix.block_chars
         self.block_tokens = config.prefix.block_tokens
         self.catalog = Catalog(config, self.monitor)
+        self.adapters = AdapterLoader(self)
         self._waiters: dict[str, asyncio.Future[Outcome]] = {}
         self._poller: asyncio.Task[None] | None = None
         self.on_stop: list[Callable[[], None]] = []

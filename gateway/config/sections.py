@@ -153,6 +153,13 @@ class PoolConfig:
     models: list[str] = field(default_factory=list)
     """Models (and LoRA adapters) the pool serves, besides ``model`` and what its engines list in
     ``/v1/models``: a request goes to a pool of its class that serves its ``model``."""
+    lora_adapters: dict[str, str] = field(default_factory=dict)
+    """LoRA adapters loaded on demand, name -> path as the engines read it: a request for one that its
+    chosen engine lacks loads it there first (``POST /v1/load_lora_adapter``; engines run with
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``)."""
+    max_loaded_adapters: Annotated[int, Ge(1)] = 8
+    """Adapters of ``lora_adapters`` one engine keeps loaded; one more unloads the least recently used
+    that has no request in flight there."""
     api_key: str | None = None
     """Bearer token the engines require (``vllm serve --api-key``)."""
     ca_file: str | None = None

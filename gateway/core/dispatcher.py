@@ -54,6 +54,8 @@ class PoolSpec:
     policy_options: dict[str, object] = field(default_factory=dict)
     models: tuple[str, ...] = ()
     """Models the pool is declared to serve, besides what its engines list."""
+    loadable: tuple[str, ...] = ()
+    """LoRA adapters any of its engines may be asked to load on demand."""
 
 
 @dataclass(slots=True)
@@ -128,7 +130,8 @@ class Pool:
         self.accept_overflow = spec.accept_overflow
         self.policy: Policy = make_policy(spec.policy, **spec.policy_options)
         self.engines: list[EngineState] = [EngineState(url, spec.name) for url in spec.engines]
-        self.models = frozenset(spec.models)
+        self.models = frozenset(spec.models) | frozenset(spec.loadable)
+        self.loadable = frozenset(spec.loadable)
         self.queue = WaitQueue()
         self.ttft_model = TTFTModel()
         self.slots = SlotTimes()
@@ -141,7 +144,7 @@ class Pool:
             engines = [e for e in self.engines if e.healthy and e.id not in excluded]
         else:
             engines = [e for e in self.engines if e.healthy]
-        if model is not None:
+        if model is not None and model not in self.loadable:
             return [e for e in engines if e.serves(model)]
         return engines
 

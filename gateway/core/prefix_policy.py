@@ -151,6 +151,8 @@ class PrefixAffinity:
                 if not engine.adapters.resident(adapter):
                     resident[i] = False
                     costs[i] += self.lora_swap_tokens
+                if not engine.serves(adapter):
+                    costs[i] += self.lora_swap_tokens  # to be loaded on demand first
         cheapest = min(costs)
         slack = max(self.tolerance_tokens, self.tolerance * req.prompt_tokens)
         floor = min(cached)

@@ -440,6 +440,8 @@ class Proxy:
         while True:
             engine_id = record.engine = dispatch.engine.id
             record.attempts += 1
+            if self.gw.adapters.wanted(dispatch):
+                await self.gw.adapters.ensure(dispatch)
             body = upstream.body_for(dispatch)
             try:
                 response = await self.gw.monitor.client(engine_id).request(b"POST", path, headers, body, first_byte)
