@@ -14,7 +14,7 @@ user part of its own. The same arrivals go through each router:
 Reported per router: adapter swaps into GPU slots per minute (all engines), TTFT p50/p99, output
 tokens per second, and the engines' prefix-cache hit ratio.
 
-    python benchmarks/lora.py [--rate 30] [--seconds 300] [--zipf 1.0] [--out benchmarks/results/lora]
+    python benchmarks/lora.py [--rates 30,45] [--seconds 300] [--zipf 1.0] [--out benchmarks/results/lora]
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def progress(message: str) -> None:
     print(f"lora: {message}", file=sys.stderr, flush=True)
 
 
-def trace(args: argparse.Namespace) -> list[TraceRequest]:
+def trace(args: argparse.Namespace, rate: float) -> list[TraceRequest]:
     rng = random.Random(args.seed)
     names = [f"adapter-{i:02d}" for i in range(args.adapters)]
     weights = [1.0 / (rank + 1) ** args.zipf for rank in range(args.adapters)]
@@ -58,7 +58,7 @@ def trace(args: argparse.Namespace) -> list[TraceRequest]:
     t = 0.0
     n = 0
     while True:
-        t += rng.expovariate(args.rate)
+        t += rng.expovariate(rate)
         if t >= args.seconds:
             return out
         i = rng.choices(range(args.adapters), weights)[0]
@@ -121,7 +121,7 @@ def run_one(router: str, requests: list[TraceRequest], args: argparse.Namespace)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=float, default=30.0, help="arrivals per second")
+    parser.add_argument("--rates", default="30,45", help="arrivals per second, one run of every router at each")
     parser.add_argument("--seconds", type=float, default=300.0, help="virtual seconds of arrivals")
     parser.add_argument("--adapters", type=int, default=32)
     parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of adapter popularity")
@@ -135,54 +135,68 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    requests = trace(args)
-    progress(f"{len(requests)} requests over {args.seconds:g} virtual s, {args.adapters} adapters, Zipf {args.zipf}")
-    results = {name: run_one(name, requests, args) for name in ROUTERS}
+    by_rate = {}
+    for rate in (float(r) for r in args.rates.split(",")):
+        requests = trace(args, rate)
+        progress(f"rate {rate:g}/s: {len(requests)} requests over {args.seconds:g} virtual s, {args.adapters} adapters")
+        by_rate[f"{rate:g}"] = {name: run_one(name, requests, args) for name in ROUTERS}
     report = {
         "command": "python benchmarks/lora.py " + shlex.join(sys.argv[1:]),
         "setup": {k: v for k, v in vars(args).items() if k != "out"} | {"max_loras": 4},
-        "results": results,
-        "ratios_vs_adapter_aware": {
-            name: {
-                "swaps": _ratio(r["adapter_swaps"], results["adapter-aware"]["adapter_swaps"]),
-                "ttft_p50": _ratio(r["ttft_p50_ms"], results["adapter-aware"]["ttft_p50_ms"]),
-                "ttft_p99": _ratio(r["ttft_p99_ms"], results["adapter-aware"]["ttft_p99_ms"]),
-                "throughput": _ratio(r["throughput_tokens_s"], results["adapter-aware"]["throughput_tokens_s"]),
-            }
-            for name, r in results.items()
-        },
+        "results": by_rate,
+        "ratios_vs_adapter_aware": {rate: _ratios(results) for rate, results in by_rate.items()},
     }
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({name: {k: v for k, v in r.items() if k != "swaps_by_engine"} for name, r in results.items()}))
-    plot(results, out / "lora.png", report["command"])
+    print(json.dumps(report["ratios_vs_adapter_aware"]))
+    plot(by_rate, out / "lora.png", report["command"])
+
+
+def _ratios(results: dict) -> dict:
+    aware = results["adapter-aware"]
+    return {
+        name: {
+            "swaps": _ratio(r["adapter_swaps"], aware["adapter_swaps"]),
+            "ttft_p50": _ratio(r["ttft_p50_ms"], aware["ttft_p50_ms"]),
+            "ttft_p99": _ratio(r["ttft_p99_ms"], aware["ttft_p99_ms"]),
+            "throughput": _ratio(r["throughput_tokens_s"], aware["throughput_tokens_s"]),
+        }
+        for name, r in results.items()
+    }
 
 
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 2) if b else None
 
 
-def plot(results: dict, path: Path, command: str) -> None:
+def plot(by_rate: dict, path: Path, command: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(results)
+    rates = list(by_rate)
+    names = list(ROUTERS)
     colors = ["tab:blue", "tab:orange", "tab:grey"]
     panels = [
         ("swaps_per_minute", "adapter swaps / min (8 engines)"),
-        ("ttft_p50_ms", "TTFT p50 (ms)"),
-        ("ttft_p99_ms", "TTFT p99 (ms)"),
+        ("ttft_p50_ms", "TTFT p50 (ms, log)"),
+        ("ttft_p99_ms", "TTFT p99 (ms, log)"),
         ("throughput_tokens_s", "output tokens / s"),
     ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(16, 4))
+    width = 0.8 / len(names)
+    fig, axes = plt.subplots(1, len(panels), figsize=(17, 4.2))
     for ax, (key, title) in zip(axes, panels, strict=True):
-        values = [results[n][key] for n in names]
-        ax.bar(names, values, color=colors)
+        for j, name in enumerate(names):
+            xs = [i + (j - 1) * width for i in range(len(rates))]
+            values = [by_rate[r][name][key] for r in rates]
+            ax.bar(xs, values, width, color=colors[j], label=name)
+            for x, v in zip(xs, values, strict=True):
+                ax.annotate(f"{v:g}", (x, v), ha="center", va="bottom", fontsize=7)
+        if "ttft" in key:
+            ax.set_yscale("log")
+        ax.set_xticks(range(len(rates)), [f"{r} req/s" for r in rates])
         ax.set_title(title)
-        ax.tick_params(axis="x", labelsize=8)
-        for i, v in enumerate(values):
-            ax.annotate(f"{v:g}", (i, v), ha="center", va="bottom", fontsize=8)
+    axes[0].legend(fontsize=8)
     fig.suptitle(f"32 Zipf adapters on 8 engines, max_loras=4 (virtual time)\n{command}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
