@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import uvicorn
@@ -33,7 +34,7 @@ def uvicorn_config(app: GatewayApp, host: str, port: int, limits: ClientLimits) 
         date_header=False,
         log_level="warning",
         backlog=4096,
-        timeout_keep_alive=limits.keepalive_timeout_s,
+        timeout_keep_alive=math.ceil(limits.keepalive_timeout_s),  # uvicorn counts whole seconds
     )
 
 

@@ -326,7 +326,7 @@ def _str_field(body: dict[str, Any], name: str) -> str:
 
 async def _read_body(receive: Receive) -> bytes:
     message = await receive()
-    body = message.get("body", b"")
+    body: bytes = message.get("body", b"")
     if not message.get("more_body", False):
         return body
     parts = [body]

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from gateway.core.classes import BATCH, CLASS_RANK, INTERACTIVE
 from gateway.core.engines import EngineMetrics, EngineState
+from gateway.core.kv_events import KVEvent
 from gateway.core.limiter import ConcurrencyLimit, LimitSettings
 from gateway.core.queue import WaitQueue
 from gateway.core.request import RouteRequest
@@ -209,13 +210,11 @@ class Dispatcher:
             if metrics.itl_buckets:
                 self.limits[engine_id].observe_engine_itl(metrics.itl_buckets, now)
 
-    def apply_kv_events(self, engine_id: str, events: Sequence[object], now: float, restarted: bool = False) -> None:
+    def apply_kv_events(self, engine_id: str, events: Sequence[KVEvent], now: float, restarted: bool = False) -> None:
         """An engine's KV cache events (precise prefix mode)."""
         engine = self._engines.get(engine_id)
         if engine is not None:
-            handler = getattr(self.pools[engine.pool].policy, "kv_events", None)
-            if handler is not None:
-                handler(engine_id, events, restarted)
+            self.pools[engine.pool].policy.kv_events(engine_id, events, restarted)
 
     def queue_depths(self) -> dict[tuple[str, str], int]:
         return {(name, cls): pool.queue.depth(cls) for name, pool in self.pools.items() for cls in CLASS_RANK}

@@ -6,13 +6,12 @@ everything else (models, health, metrics, files, batches) is an ordinary FastAPI
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway import log
 from gateway.errors import ApiError, error_body, send_error
@@ -128,7 +127,7 @@ class GatewayApp:
         self.body_limits = BodyLimits(limits.max_body_bytes, {"/v1/files": max(upload, limits.max_body_bytes)})
         gateway.batches.attach(batch_executor(gateway, self.proxy))
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
             path = scope["path"]
@@ -152,10 +151,10 @@ class GatewayApp:
             return
         await self.api(scope, receive, send)
 
-    async def _api(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def _api(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
-        async def tracked(message: dict[str, Any]) -> None:
+        async def tracked(message: Message) -> None:
             nonlocal started
             started = started or message["type"] == "http.response.start"
             await send(message)
@@ -167,7 +166,7 @@ class GatewayApp:
             if not started:
                 await send_error(send, ApiError(500, "the gateway failed on this request", "internal_error"))
 
-    async def _lifespan(self, receive: Any, send: Any) -> None:
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
