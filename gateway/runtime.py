@@ -11,6 +11,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from gateway import log
 from gateway.auth import Authenticator
@@ -36,6 +37,9 @@ from gateway.tokenizers import load_tokenizer
 from gateway.upstream.h1 import EngineClient
 from gateway.upstream.kv_feed import KVFeed
 from gateway.upstream.monitor import EngineMonitor
+
+if TYPE_CHECKING:
+    from gateway.http.tracing import Tracing
 
 POLL_INTERVAL_S = 0.05
 
@@ -127,6 +131,8 @@ class Gateway:
         self._waiters: dict[str, asyncio.Future[Outcome]] = {}
         self._poller: asyncio.Task[None] | None = None
         self.on_stop: list[Callable[[], None]] = []
+        self.tracing: Tracing | None = None
+        """OpenTelemetry tracing, when the environment asks for it (``gateway.http.tracing``)."""
         self.precise: dict[str, PrecisePool] = {
             name: PrecisePool(name, pool.tokenizer or "sim", self.dispatcher)
             for name, pool in config.pools.items()

@@ -340,6 +340,9 @@ class Config:
     """The older spelling of ``limits.max_body_bytes``, read when that is not set."""
     log_level: LogLevel = "info"
     """Level of the gateway's structured log on stderr (``--log-level`` overrides it)."""
+    access_log: bool = True
+    """One ``event=access`` line per inference request and batch line, at info level: request id,
+    key, class, pool, engine, status, admission, queue wait, TTFT, tokens, duration, bytes sent."""
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     scrape: ScrapeConfig = field(default_factory=ScrapeConfig)
