@@ -115,17 +115,34 @@ def create_api(gateway: Gateway) -> FastAPI:
     return api
 
 
+def build_proxy(gateway: Gateway) -> Proxy:
+    """The request path, wired to the running gateway's parts."""
+    return Proxy(
+        admission=gateway.scheduler,
+        placement=gateway.placement,
+        engines=gateway.monitor,
+        metrics=gateway.metrics,
+        auth=gateway.auth,
+        rate_limits=gateway.limiter,
+        budgets=gateway.budgets,
+        limits=gateway.config.limits,
+        deadlines=gateway.config.upstream,
+        access_log=gateway.config.access_log,
+        tracing=gateway.tracing,
+    )
+
+
 class GatewayApp:
     """The ASGI entry point: lifespan, the hot path, then FastAPI for the rest."""
 
     def __init__(self, gateway: Gateway, api: FastAPI | None = None) -> None:
         self.gateway = gateway
         self.api = api or create_api(gateway)
-        self.proxy = Proxy(gateway)
+        self.proxy = build_proxy(gateway)
         limits = gateway.config.limits
         upload = gateway.batches.settings.max_file_bytes + FORM_OVERHEAD
         self.body_limits = BodyLimits(limits.max_body_bytes, {"/v1/files": max(upload, limits.max_body_bytes)})
-        gateway.batches.attach(batch_executor(gateway, self.proxy))
+        gateway.batches.attach(batch_executor(self.proxy, gateway.keys.internal_authorization, gateway.tracing))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
