@@ -28,13 +28,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from engines.sim.profile import load_profile
+from gateway.core.dispatcher import AdmissionSettings
+from gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup
+from gateway.simulate.traces import TraceRequest
 
-from engines.sim.profile import load_profile  # noqa: E402
-from gateway.core.dispatcher import AdmissionSettings  # noqa: E402
-from gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup  # noqa: E402
-from gateway.simulate.traces import TraceRequest  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 ROUTERS = {
     "adapter-aware": ("prefix", {"lora_aware": True}),

@@ -16,27 +16,36 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import orjson
 
 from gateway import log
 from gateway.core.dispatcher import Dispatch
+from gateway.core.engines import EngineState
 from gateway.errors import ApiError
 from gateway.upstream.h1 import UpstreamError
 
 if TYPE_CHECKING:
-    from gateway.runtime import Gateway
+    from gateway.config import PoolConfig
+    from gateway.http.seams import EngineClients
 
 _JSON = ((b"content-type", b"application/json"),)
 LOAD_TIMEOUT_S = 60.0
 
 
 class AdapterLoader:
-    def __init__(self, gateway: Gateway) -> None:
-        self.gw = gateway
-        self.paths = {name: dict(pool.lora_adapters) for name, pool in gateway.config.pools.items()}
-        self.limits = {name: pool.max_loaded_adapters for name, pool in gateway.config.pools.items()}
+    def __init__(
+        self,
+        pools: Mapping[str, PoolConfig],
+        engine: Callable[[str], EngineState | None],
+        clients: EngineClients,
+    ) -> None:
+        self.engine = engine
+        self.clients = clients
+        self.paths = {name: dict(pool.lora_adapters) for name, pool in pools.items()}
+        self.limits = {name: pool.max_loaded_adapters for name, pool in pools.items()}
         self._loaded: dict[str, OrderedDict[str, None]] = {}
         self._loading: dict[tuple[str, str], asyncio.Task[None]] = {}
 
@@ -63,7 +72,7 @@ class AdapterLoader:
 
     async def _load(self, engine_id: str, pool: str, adapter: str) -> None:
         loaded = self._loaded.setdefault(engine_id, OrderedDict())
-        engine = self.gw.dispatcher.engine(engine_id)
+        engine = self.engine(engine_id)
         while len(loaded) >= self.limits[pool]:
             idle = [name for name in loaded if engine is None or name not in engine.adapters.inflight]
             if not idle:
@@ -87,14 +96,14 @@ class AdapterLoader:
         status, answer = await self._post(engine_id, b"/v1/unload_lora_adapter", orjson.dumps({"lora_name": adapter}))
         if status != 200:
             log.warning("lora_unload_failed", engine=engine_id, adapter=adapter, status=status, reason=answer[:200])
-        engine = self.gw.dispatcher.engine(engine_id)
+        engine = self.engine(engine_id)
         if engine is not None and engine.models is not None:
             engine.models = engine.models - {adapter}
         log.info("lora_unloaded", engine=engine_id, adapter=adapter, status=status)
 
     async def _post(self, engine_id: str, path: bytes, body: bytes) -> tuple[int, str]:
         try:
-            client = self.gw.monitor.client(engine_id)
+            client = self.clients.client(engine_id)
             response = await asyncio.wait_for(client.request(b"POST", path, _JSON, body), LOAD_TIMEOUT_S)
             try:
                 return response.status, (await response.read()).decode(errors="replace")

@@ -12,11 +12,10 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.config.sections import Config
 from gateway.core.models import Aliases, cache_key
-from gateway.upstream.monitor import EngineMonitor
 
 LISTED_IN_ERROR = 20
 
@@ -30,8 +29,16 @@ class Resolved:
     """What the prefix chain is seeded with (``gateway.core.models.cache_key``)."""
 
 
+class Listings(Protocol):
+    """The engines' ``/v1/models`` entries (``gateway.upstream.monitor.EngineMonitor``)."""
+
+    models_version: int
+
+    def models(self) -> list[dict[str, Any]]: ...
+
+
 class Catalog:
-    def __init__(self, config: Config, monitor: EngineMonitor) -> None:
+    def __init__(self, config: Config, monitor: Listings) -> None:
         self.monitor = monitor
         self.aliases = Aliases(
             {

@@ -63,11 +63,11 @@ def dispatcher(**options) -> Dispatcher:
 
 def test_an_adapter_follows_the_engine_that_holds_it():
     d = dispatcher()
-    first = d.submit(request(0, "sql"), 0.0)
+    first = d.submit(request(0, "sql"), 0.0).answer
     assert isinstance(first, Dispatch)
     d.finish(first, 0.1)
     for i in range(1, 8):
-        out = d.submit(request(i, "sql"), float(i))
+        out = d.submit(request(i, "sql"), float(i)).answer
         assert isinstance(out, Dispatch)
         assert out.engine is first.engine
         d.finish(out, float(i) + 0.1)
@@ -77,7 +77,7 @@ def test_adapter_blind_routing_scatters_the_adapter():
     d = dispatcher(lora_aware=False)
     engines = set()
     for i in range(16):
-        out = d.submit(request(i, "sql"), float(i))
+        out = d.submit(request(i, "sql"), float(i)).answer
         assert isinstance(out, Dispatch)
         engines.add(out.engine.id)
         d.finish(out, float(i) + 0.1)
@@ -88,27 +88,27 @@ def test_no_engine_gets_more_distinct_adapters_than_its_slots_while_another_has_
     d = dispatcher(load_factor=100.0)
     running = []
     for i in range(8):
-        out = d.submit(request(i, f"a{i}"), 0.0)
+        out = d.submit(request(i, f"a{i}"), 0.0).answer
         assert isinstance(out, Dispatch)
         running.append(out)
     for engine in d.pools["interactive"].engines:
         assert len(engine.adapters.busy()) <= 2
     # Every slot is taken now: a ninth adapter goes somewhere (it waits there, as vLLM queues it).
-    assert isinstance(d.submit(request(9, "a9"), 0.0), Dispatch)
+    assert isinstance(d.submit(request(9, "a9"), 0.0).answer, Dispatch)
 
 
 def test_the_slot_rule_outranks_a_cached_prefix():
     d = dispatcher(load_factor=100.0)
     text = "shared system prompt " * 40
-    warm = d.submit(request(0, "x", text), 0.0)
+    warm = d.submit(request(0, "x", text), 0.0).answer
     assert isinstance(warm, Dispatch)
     d.finish(warm, 0.1)
-    busy = [d.submit(request(i, f"b{i}"), 1.0) for i in (1, 2)]
+    busy = [d.submit(request(i, f"b{i}"), 1.0).answer for i in (1, 2)]
     # Fill the warm engine's two slots with other adapters.
     for out in busy:
         assert isinstance(out, Dispatch)
     engine = warm.engine
     engine.adapters.scraped(LoraInfo(("b1", "b2"), (), 2))
-    out = d.submit(request(3, "x", text), 2.0)
+    out = d.submit(request(3, "x", text), 2.0).answer
     assert isinstance(out, Dispatch)
     assert out.engine is not engine

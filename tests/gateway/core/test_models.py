@@ -6,6 +6,7 @@ import pytest
 
 from gateway.core.dispatcher import Dispatch, Dispatcher, PoolSpec, Rejection
 from gateway.core.models import Aliases, Split, cache_key, engine_tag, serves
+from gateway.core.reasons import Refusal
 from gateway.core.request import RouteRequest
 
 
@@ -89,9 +90,9 @@ def _two_models(admission: bool = False) -> Dispatcher:
 def test_a_request_goes_to_the_pool_that_serves_its_model(admission):
     d = _two_models(admission)
     for i in range(6):
-        out = d.submit(_req(i, "qwen"), 0.0)
+        out = d.submit(_req(i, "qwen"), 0.0).answer
         assert isinstance(out, Dispatch) and out.pool == "qwen"
-        out = d.submit(_req(100 + i, "llama"), 0.0)
+        out = d.submit(_req(100 + i, "llama"), 0.0).answer
         assert isinstance(out, Dispatch) and out.pool == "llama"
 
 
@@ -100,7 +101,7 @@ def test_engines_of_one_pool_that_list_different_models_get_only_theirs():
     l1 = d.pools["llama"].engines[1]
     l1.models = frozenset({"llama", "llama-sql"})
     for i in range(6):
-        out = d.submit(_req(i, "llama-sql"), 0.0)
+        out = d.submit(_req(i, "llama-sql"), 0.0).answer
         assert isinstance(out, Dispatch) and out.engine is l1
 
 
@@ -116,13 +117,13 @@ def test_overflow_only_into_pools_that_serve_the_model():
         admission=AdmissionSettings(enabled=True, limits=LimitSettings(initial=1, minimum=1, maximum=1)),
         budgets={"interactive": 0.05},
     )
-    first = d.submit(_req(0, "m"), 0.0)
+    first = d.submit(_req(0, "m"), 0.0).answer
     assert isinstance(first, Dispatch) and first.pool == "interactive"
-    second = d.submit(_req(1, "m"), 0.0)
+    second = d.submit(_req(1, "m"), 0.0).answer
     assert not (isinstance(second, Dispatch) and second.pool == "other")
 
 
 def test_a_model_nobody_serves_finds_no_engine():
     d = _two_models()
-    out = d.submit(_req(0, "mistral"), 0.0)
-    assert isinstance(out, Rejection) and out.status == 503
+    out = d.submit(_req(0, "mistral"), 0.0).answer
+    assert isinstance(out, Rejection) and out.reason is Refusal.NO_HEALTHY_ENGINE
