@@ -31,13 +31,14 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gateway.core.classes import BATCH, CLASS_RANK, INTERACTIVE
+from gateway.core.classes import DEFAULT_CLASSES, ClassTable
 from gateway.core.engines import EngineMetrics, EngineState
 from gateway.core.limiter import ConcurrencyLimit, LimitSettings
-from gateway.core.queue import WaitQueue
+from gateway.core.queue import DEFAULT_DECODE_TOKENS, WaitQueue
 from gateway.core.request import RouteRequest
 from gateway.core.routing import Choice, Policy, make_policy
 from gateway.core.slots import FullEngine, Running, SlotTimes
+from gateway.core.tenants import TenantLoad
 from gateway.core.ttft_model import TTFTModel
 
 
@@ -59,6 +60,9 @@ class AdmissionSettings:
     max_queue: int = 4096
     backfill_reserve: float = 0.25
     min_retry_after_s: float = 1.0
+    fair: bool = True
+    """Tenants of a class share its queue by weighted fair queueing (off: one line by deadline)."""
+    decode_tokens: int = DEFAULT_DECODE_TOKENS
 
 
 @dataclass(slots=True, eq=False)
@@ -117,14 +121,14 @@ class LimitChange:
 
 
 class Pool:
-    def __init__(self, spec: PoolSpec) -> None:
+    def __init__(self, spec: PoolSpec, classes: ClassTable, admission: AdmissionSettings) -> None:
         self.name = spec.name
         self.takes_priority = spec.takes_priority
         self.backfill = spec.backfill
         self.accept_overflow = spec.accept_overflow
         self.policy: Policy = make_policy(spec.policy, **spec.policy_options)
         self.engines: list[EngineState] = [EngineState(url, spec.name) for url in spec.engines]
-        self.queue = WaitQueue()
+        self.queue = WaitQueue(classes, admission.fair, admission.decode_tokens)
         self.ttft_model = TTFTModel()
         self.slots = SlotTimes()
 
@@ -148,16 +152,19 @@ class Dispatcher:
         home: Mapping[str, str] | None = None,
         budgets: Mapping[str, float | None] | None = None,
         admission: AdmissionSettings | None = None,
+        classes: ClassTable = DEFAULT_CLASSES,
     ) -> None:
         if not pools:
             raise ValueError("at least one pool is needed")
-        self.pools: dict[str, Pool] = {spec.name: Pool(spec) for spec in pools}
+        self.classes = classes
+        self.admission = admission or AdmissionSettings(enabled=False)
+        self.pools: dict[str, Pool] = {spec.name: Pool(spec, classes, self.admission) for spec in pools}
         first = pools[0].name
         self.home: dict[str, str] = {
-            cls: (home or {}).get(cls) or (cls if cls in self.pools else first) for cls in CLASS_RANK
+            cls: (home or {}).get(cls) or (cls if cls in self.pools else first) for cls in classes.names
         }
         self.itl_budgets: dict[str, float | None] = dict(budgets or {})
-        self.admission = admission or AdmissionSettings(enabled=False)
+        self.tenants = TenantLoad()
         self.limits: dict[str, ConcurrencyLimit] = {}
         self._engines: dict[str, EngineState] = {}
         self._queued_pool: dict[str, Pool] = {}
@@ -218,7 +225,7 @@ class Dispatcher:
                 handler(engine_id, events, restarted)
 
     def queue_depths(self) -> dict[tuple[str, str], int]:
-        return {(name, cls): pool.queue.depth(cls) for name, pool in self.pools.items() for cls in CLASS_RANK}
+        return {(name, cls): pool.queue.depth(cls) for name, pool in self.pools.items() for cls in self.classes.names}
 
     def prefix_hit_estimates(self) -> dict[str, float]:
         return {name: pool.policy.hit_ratio_estimate() for name, pool in self.pools.items()}
@@ -245,9 +252,11 @@ class Dispatcher:
             return self._start(req, pool, choice, now, exclude)
         if not any(e.healthy for e in pool.engines) and not self._overflow_pools(req):
             return self._no_engine(req, pool, exclude)
-        if pool.queue.position(req.cls, math.inf) == 0:
+        self.tenants.note_cap(req.tenant, req.max_concurrency)
+        if self.tenants.has_room(req.tenant) and pool.queue.position(req, math.inf, self.tenants.has_room) == 0:
             placed = self._place(req, pool, now, exclude)
             if placed is not None:
+                pool.queue.charge(req)
                 return placed
         return self._enqueue(req, pool, now)
 
@@ -275,7 +284,7 @@ class Dispatcher:
         return out
 
     def _overflow_pools(self, req: RouteRequest) -> list[Pool]:
-        if req.cls != INTERACTIVE:
+        if self.classes.is_batch(req.cls):
             return []
         home = self.home[req.cls]
         return [p for p in self.pools.values() if p.name != home and p.accept_overflow]
@@ -285,9 +294,9 @@ class Dispatcher:
         choice = pool.policy.choose(req, self._with_room(pool, exclude), now)
         if choice is not None:
             return self._start(req, pool, choice, now, exclude)
-        if req.cls == BATCH:
+        if self.classes.is_batch(req.cls):
             for other in self.pools.values():
-                if other is pool or not other.backfill or other.queue.depth(INTERACTIVE):
+                if other is pool or not other.backfill or other.queue.depth_of(self.classes.interactive_like):
                     continue
                 choice = other.policy.choose(req, self._backfill_room(other, exclude), now)
                 if choice is not None:
@@ -335,15 +344,15 @@ class Dispatcher:
         deadline = self._start_deadline(req, pool)
         wait = None
         if req.budget.ttft_s is not None:
-            wait = self._expected_wait(pool, pool.queue.position(req.cls, deadline), now)
+            wait = self._expected_wait(pool, pool.queue.position(req, deadline, self.tenants.has_room), now)
             if deadline <= now or (wait is not None and now + wait > deadline):
                 return self._refuse_slo(req, wait)
         if len(pool.queue) >= self.admission.max_queue:
             if wait is None:
-                wait = self._expected_wait(pool, pool.queue.position(req.cls, deadline), now)
-            if req.cls == BATCH or pool.queue.depth(BATCH) == 0:
+                wait = self._expected_wait(pool, pool.queue.position(req, deadline, self.tenants.has_room), now)
+            if self.classes.is_batch(req.cls) or pool.queue.depth_of(self.classes.batch_like) == 0:
                 return Rejection(req, 429, "queue_full", f"the {pool.name!r} queue is full", self._retry_after(wait))
-            victim = pool.queue.shed(BATCH)
+            victim = pool.queue.shed()
             assert victim is not None
             self._queued_pool.pop(victim.request.id, None)
             self._notices.append(
@@ -392,12 +401,13 @@ class Dispatcher:
     ) -> Dispatch:
         engine = choice.engine
         engine.started(req.cls)
+        self.tenants.started(req.tenant, req.max_concurrency)
         prefill = max(0, req.prompt_tokens - choice.predicted_cached_tokens)
         engine.pending_prefill += prefill
         pool.policy.routed(req, choice, now)
         if self.admission.enabled:
             self.limits[engine.id].note_load(engine.load)
-        priority = CLASS_RANK[req.cls] if pool.takes_priority else None
+        priority = self.classes.priority(req.cls) if pool.takes_priority else None
         dispatch = Dispatch(
             req,
             engine,
@@ -428,6 +438,7 @@ class Dispatcher:
     def _release(self, dispatch: Dispatch, ok: bool = True) -> None:
         dispatch.done = True
         dispatch.engine.finished(dispatch.request.cls)
+        self.tenants.finished(dispatch.request.tenant)
         self._prefilled(dispatch, ok)
         backfilled = self._backfilled.get(dispatch.engine.id)
         if backfilled and dispatch in backfilled:
@@ -473,7 +484,7 @@ class Dispatcher:
         out: list[Outcome] = self.take_notices()
         for pool in self.pools.values():
             queue = pool.queue
-            while (entry := queue.peek()) is not None:
+            while (entry := queue.peek(self.tenants.has_room)) is not None:
                 if entry.deadline < now:
                     # Its deadline passed since the last poll: refused, never started late.
                     out.extend(self._expire(now))
@@ -484,7 +495,7 @@ class Dispatcher:
                 out.extend(self.take_notices())
                 if placed is None:
                     break
-                queue.remove(entry.request)
+                queue.take(entry.request)
                 self._queued_pool.pop(entry.request.id, None)
                 out.append(placed)
         return out

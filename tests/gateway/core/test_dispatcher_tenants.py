@@ -1,0 +1,134 @@
+"""Classes beyond two, tenant fair shares and concurrency caps, as the dispatcher applies them."""
+
+from gateway.core.classes import BATCH, INTERACTIVE, Budget, ClassSpec, ClassTable
+from gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, PoolSpec, Queued, Rejection
+from gateway.core.limiter import LimitSettings
+from gateway.core.request import RouteRequest
+
+FOUR = ClassTable(
+    [
+        ClassSpec("realtime", 0),
+        ClassSpec(INTERACTIVE, 1),
+        ClassSpec("standard", 2),
+        ClassSpec(BATCH, 3, BATCH),
+    ]
+)
+counter = iter(range(10**6))
+
+
+def make(engines=1, limit=1.0, fair=True, classes=FOUR, max_queue=1000, takes_priority=True):
+    settings = AdmissionSettings(
+        enabled=True, limits=LimitSettings(initial=limit, unbudgeted=limit), max_queue=max_queue, fair=fair
+    )
+    pools = [PoolSpec("p", [f"e{n}" for n in range(engines)], policy="least_loaded", takes_priority=takes_priority)]
+    return Dispatcher(pools, admission=settings, classes=classes)
+
+
+def req(tenant="", cls=INTERACTIVE, now=0.0, weight=1.0, cap=None, tokens=100):
+    return RouteRequest(
+        f"r{next(counter)}",
+        cls,
+        "m",
+        now,
+        prompt_tokens=tokens,
+        max_tokens=tokens,
+        budget=Budget(deadline_s=1000.0),
+        tenant=tenant,
+        weight=weight,
+        max_concurrency=cap,
+    )
+
+
+def serve(d, first, rounds):
+    """Finish what runs, one at a time, and return the tenants in the order they started."""
+    order = []
+    running = first
+    for n in range(rounds):
+        started = [o for o in d.finish(running, float(n + 1)) if isinstance(o, Dispatch)]
+        if not started:
+            break
+        running = started[0]
+        order.append(running.request.tenant)
+    return order
+
+
+def test_every_class_sends_its_own_priority_and_the_queue_follows_rank():
+    d = make()
+    busy = d.submit(req(cls=BATCH), 0.0)
+    assert isinstance(busy, Dispatch) and busy.priority == 3
+    for cls in (BATCH, "standard", INTERACTIVE, "realtime"):
+        assert isinstance(d.submit(req(cls, cls=cls), 0.0), Queued)
+    order = []
+    running = busy
+    for n in range(4):
+        (running,) = [o for o in d.finish(running, float(n + 1)) if isinstance(o, Dispatch)]
+        order.append((running.request.cls, running.priority))
+    assert order == [("realtime", 0), (INTERACTIVE, 1), ("standard", 2), (BATCH, 3)]
+
+
+def test_no_priority_is_written_for_a_pool_that_does_not_take_it():
+    d = make(takes_priority=False)
+    out = d.submit(req(cls="realtime"), 0.0)
+    assert isinstance(out, Dispatch) and out.priority is None
+
+
+def test_a_noisy_tenant_gets_its_share_not_the_queue():
+    d = make()
+    first = d.submit(req("noisy"), 0.0)
+    for _ in range(30):
+        d.submit(req("noisy"), 0.0)
+    for tenant in ("a", "b", "c"):
+        for _ in range(3):
+            d.submit(req(tenant), 0.1)
+    order = serve(d, first, 12)
+    # Four tenants of equal weight: the noisy one gets one start in four while the others wait.
+    assert order.count("noisy") == 3
+    assert all(order.count(t) == 3 for t in ("a", "b", "c"))
+
+
+def test_without_fairness_the_noisy_tenant_that_came_first_goes_first():
+    d = make(fair=False)
+    first = d.submit(req("noisy"), 0.0)
+    for _ in range(30):
+        d.submit(req("noisy"), 0.0)
+    d.submit(req("a"), 0.1)
+    assert serve(d, first, 12) == ["noisy"] * 12
+
+
+def test_weights_set_the_shares():
+    d = make()
+    first = d.submit(req("heavy", weight=3.0), 0.0)
+    for _ in range(40):
+        d.submit(req("heavy", weight=3.0), 0.0)
+        d.submit(req("light", weight=1.0), 0.0)
+    order = serve(d, first, 40)
+    assert order.count("heavy") == 30 and order.count("light") == 10
+
+
+def test_a_tenant_at_its_cap_waits_while_others_use_the_room():
+    d = make(engines=4, limit=1.0)
+    capped = [d.submit(req("capped", cap=2), 0.0) for _ in range(3)]
+    assert [type(o) for o in capped] == [Dispatch, Dispatch, Queued]
+    other = d.submit(req("other"), 0.0)
+    assert isinstance(other, Dispatch), "work-conserving: the cap holds back only its own tenant"
+    free = d.submit(req("other"), 0.0)
+    assert isinstance(free, Dispatch)
+    # A slot frees up: the capped tenant's queued request starts only once one of its own ends.
+    d.finish(free, 1.0)
+    started = [o for o in d.finish(other, 1.0) if isinstance(o, Dispatch)]
+    assert started == []
+    started = [o for o in d.finish(capped[0], 2.0) if isinstance(o, Dispatch)]
+    assert [o.request for o in started] == [capped[2].request]
+
+
+def test_a_full_queue_sheds_the_heaviest_batch_tenant_first():
+    d = make(max_queue=4)
+    d.submit(req(cls=BATCH), 0.0)
+    for _ in range(3):
+        d.submit(req("flood", cls=BATCH), 0.0)
+    light = d.submit(req("light", cls=BATCH), 0.0)
+    assert isinstance(light, Queued)
+    out = d.submit(req("someone", cls="realtime"), 0.0)
+    assert isinstance(out, Queued)
+    shed = [o for o in d.take_notices() if isinstance(o, Rejection)]
+    assert [o.request.tenant for o in shed] == ["flood"]
