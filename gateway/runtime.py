@@ -17,7 +17,7 @@ from gateway import log
 from gateway.auth import Authenticator
 from gateway.batch import BatchService
 from gateway.config import Config, PoolConfig
-from gateway.core.classes import CLASSES, Budget
+from gateway.core.classes import Budget
 from gateway.core.dispatcher import (
     AdmissionSettings,
     Dispatch,
@@ -62,6 +62,8 @@ def admission_settings(config: Config) -> AdmissionSettings:
         limits=limits,
         max_queue=a.max_queue,
         backfill_reserve=a.backfill_reserve,
+        fair=config.tenants.fair,
+        decode_tokens=config.tenants.decode_tokens,
     )
 
 
@@ -88,6 +90,7 @@ def build_dispatcher(config: Config) -> Dispatcher:
         home=config.home_pools(),
         budgets={cls: spec.budget.itl_s for cls, spec in config.classes.by_name().items()},
         admission=admission_settings(config),
+        classes=config.classes.table(),
     )
 
 
@@ -170,8 +173,7 @@ class Gateway:
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        for cls in CLASSES:
-            budget = self.budgets[cls]
+        for cls, budget in self.budgets.items():
             for kind, value in (("ttft_p99", budget.ttft_s), ("itl_p99", budget.itl_s)):
                 if value is not None:
                     self.metrics.slo_budget.labels(cls, kind).set(value)

@@ -222,6 +222,7 @@ class Proxy:
                     headers.priority,
                     principal.default_class if principal else "interactive",
                     principal.allowed if principal else None,
+                    self.gw.budgets,
                 )
                 budget = self.gw.budgets[cls]
                 if headers.slo_ttft is not None or headers.slo_tpot is not None:
@@ -229,6 +230,12 @@ class Proxy:
             except ClassificationError as exc:
                 raise ApiError(exc.status, exc.message, exc.code, exc.param) from None
             req = self._route_request(parsed, endpoint, cls, budget, headers.session, started)
+            if principal is not None:
+                req.tenant, req.weight, req.max_concurrency = (
+                    principal.tenant,
+                    principal.weight,
+                    principal.max_concurrency,
+                )
             stream = record.stream = parsed.get("stream") is True
             record.model = req.model
             record.prompt_estimate = req.prompt_tokens or None
