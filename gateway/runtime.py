@@ -33,6 +33,7 @@ from gateway.keys import KeyAuthenticator
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateLimiter
 from gateway.store import open_store
+from gateway.tenant_metrics import TenantMetrics
 from gateway.tokenizers import load_tokenizer
 from gateway.upstream.h1 import EngineClient
 from gateway.upstream.kv_feed import KVFeed
@@ -114,6 +115,8 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.dispatcher = build_dispatcher(config)
         self.metrics.watch_state(self.dispatcher)
+        self.tenant_metrics = TenantMetrics(self.metrics, config.tenants.metrics_limit)
+        self.tenant_metrics.watch(self.dispatcher)
         self.budgets: dict[str, Budget] = {cls: spec.budget for cls, spec in config.classes.by_name().items()}
         self.monitor = EngineMonitor(
             self.dispatcher,

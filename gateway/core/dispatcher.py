@@ -227,6 +227,17 @@ class Dispatcher:
     def queue_depths(self) -> dict[tuple[str, str], int]:
         return {(name, cls): pool.queue.depth(cls) for name, pool in self.pools.items() for cls in self.classes.names}
 
+    def tenant_inflight(self) -> dict[str, int]:
+        return dict(self.tenants.inflight)
+
+    def tenant_queued(self) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for pool in self.pools.values():
+            for cls in self.classes.names:
+                for tenant, n in pool.queue.tenants(cls).items():
+                    out[(tenant, cls)] = out.get((tenant, cls), 0) + n
+        return out
+
     def prefix_hit_estimates(self) -> dict[str, float]:
         return {name: pool.policy.hit_ratio_estimate() for name, pool in self.pools.items()}
 

@@ -180,6 +180,16 @@ class Proxy:
         if child is None:
             child = self._requests[key] = self.gw.metrics.requests.labels(record.cls, record.pool, str(status))
         child.inc()
+        budget = self.gw.budgets.get(record.cls)
+        self.gw.tenant_metrics.answered(
+            record.tenant,
+            record.cls,
+            status,
+            record.ttft_s,
+            budget.ttft_s if budget is not None else None,
+            record.usage() if status == 200 else (None, None),
+            record.stream,
+        )
 
     def _child(self, metric: Any, *labels: str) -> Any:
         key = (id(metric), *labels)
@@ -216,7 +226,7 @@ class Proxy:
             parsed = parse_body(body, endpoint.required, endpoint.check)
             principal = await self.gw.auth.authenticate(headers.authorization) if self.gw.auth.required else None
             if principal is not None:
-                record.key_id, record.key_name = principal.key_id, principal.name
+                record.key_id, record.key_name, record.tenant = principal.key_id, principal.name, principal.tenant
             try:
                 cls = record.cls = classify(
                     headers.priority,

@@ -64,6 +64,8 @@ def env(procs, tmp_path_factory):
         "offline": create_key(config, "offline", "--classes", "batch"),
         "rpm": create_key(config, "rpm", "--rpm", "4"),
         "tpm": create_key(config, "tpm", "--tpm", "300"),
+        "team-a-1": create_key(config, "team-a-1", "--tenant", "team-a", "--weight", "2", "--max-concurrency", "4"),
+        "team-a-2": create_key(config, "team-a-2", "--tenant", "team-a"),
     }
     stack = start_stack(tmp, procs, store=server.url, keys=KEYS, gateways=2)
     yield {"config": config, "keys": keys, "stack": stack, "urls": [g.url for g in stack.gateways], "server": server}
@@ -344,3 +346,14 @@ def test_a_key_names_its_tenant_weight_and_cap_and_old_records_still_load():
     with pytest.raises(KeySpecError, match="classes must be some of interactive, batch"):
         new_key("k", ["realtime"])
     assert new_key("k", ["realtime"], known=("realtime", "interactive", "batch"))[0].classes == ["realtime"]
+
+
+def test_tenant_metrics_name_the_key_stores_tenant_never_request_input(env):
+    url = env["urls"][0]
+    for name in ("team-a-1", "team-a-2"):
+        assert chat(url, secret(env, name), **{"x-tenant": "forged", "x-priority": "interactive"}).status_code == 200
+    text = httpx.get(url + "/metrics").text
+    team = [line for line in text.splitlines() if line.startswith("gateway_tenant_requests_total{")]
+    assert any('tenant="team-a"' in line and 'status="200"' in line and line.endswith(" 2.0") for line in team), team
+    assert "forged" not in text
+    assert 'gateway_tenant_tokens_total{class="interactive",kind="completion",tenant="team-a"} 8.0' in text
