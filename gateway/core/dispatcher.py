@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gateway.core.classes import DEFAULT_CLASSES, ClassTable
@@ -263,8 +263,8 @@ class Dispatcher:
             return self._start(req, pool, choice, now, exclude)
         if not any(e.healthy for e in pool.engines) and not self._overflow_pools(req):
             return self._no_engine(req, pool, exclude)
-        self.tenants.note_cap(req.tenant, req.max_concurrency)
-        if self.tenants.has_room(req.tenant) and pool.queue.position(req, math.inf, self.tenants.has_room) == 0:
+        self.tenants.note(req.tenant, req.max_concurrency, req.weight)
+        if self.tenants.has_room(req.tenant) and pool.queue.position(req, math.inf, self._may_start(pool)) == 0:
             placed = self._place(req, pool, now, exclude)
             if placed is not None:
                 pool.queue.charge(req)
@@ -294,6 +294,23 @@ class Dispatcher:
                 out.append(engine)
         return out
 
+    def _tenant_room(self, tenant: str, pool: Pool, exclude: Sequence[str] = ()) -> list[EngineState]:
+        """Engines with room for ``tenant``: one at or over its weighted share of the pool's slots
+        leaves the backfill reserve free for tenants under theirs (all of it when alone)."""
+        queued = pool.queue.all_tenants()
+        if self.admission.fair and self.tenants.over_share(tenant, pool.name, self._slots(pool), queued):
+            return self._backfill_room(pool, exclude)
+        return self._with_room(pool, exclude)
+
+    def _slots(self, pool: Pool) -> float:
+        return sum(self.limits[e.id].limit for e in pool.healthy())
+
+    def _may_start(self, pool: Pool) -> Callable[[str], bool]:
+        def may(tenant: str) -> bool:
+            return self.tenants.has_room(tenant) and bool(self._tenant_room(tenant, pool))
+
+        return may
+
     def _overflow_pools(self, req: RouteRequest) -> list[Pool]:
         if self.classes.is_batch(req.cls):
             return []
@@ -302,7 +319,7 @@ class Dispatcher:
 
     def _place(self, req: RouteRequest, pool: Pool, now: float, exclude: Sequence[str] = ()) -> Dispatch | None:
         """Start ``req`` on an engine with room, or return None."""
-        choice = pool.policy.choose(req, self._with_room(pool, exclude), now)
+        choice = pool.policy.choose(req, self._tenant_room(req.tenant, pool, exclude), now)
         if choice is not None:
             return self._start(req, pool, choice, now, exclude)
         if self.classes.is_batch(req.cls):
@@ -355,12 +372,12 @@ class Dispatcher:
         deadline = self._start_deadline(req, pool)
         wait = None
         if req.budget.ttft_s is not None:
-            wait = self._expected_wait(pool, pool.queue.position(req, deadline, self.tenants.has_room), now)
+            wait = self._expected_wait(pool, pool.queue.position(req, deadline, self._may_start(pool)), now)
             if deadline <= now or (wait is not None and now + wait > deadline):
                 return self._refuse_slo(req, wait)
         if len(pool.queue) >= self.admission.max_queue:
             if wait is None:
-                wait = self._expected_wait(pool, pool.queue.position(req, deadline, self.tenants.has_room), now)
+                wait = self._expected_wait(pool, pool.queue.position(req, deadline, self._may_start(pool)), now)
             if self.classes.is_batch(req.cls) or pool.queue.depth_of(self.classes.batch_like) == 0:
                 return Rejection(req, 429, "queue_full", f"the {pool.name!r} queue is full", self._retry_after(wait))
             victim = pool.queue.shed()
@@ -412,7 +429,7 @@ class Dispatcher:
     ) -> Dispatch:
         engine = choice.engine
         engine.started(req.cls)
-        self.tenants.started(req.tenant, req.max_concurrency)
+        self.tenants.started(req.tenant, req.max_concurrency, req.weight, pool.name)
         prefill = max(0, req.prompt_tokens - choice.predicted_cached_tokens)
         engine.pending_prefill += prefill
         pool.policy.routed(req, choice, now)
@@ -449,7 +466,7 @@ class Dispatcher:
     def _release(self, dispatch: Dispatch, ok: bool = True) -> None:
         dispatch.done = True
         dispatch.engine.finished(dispatch.request.cls)
-        self.tenants.finished(dispatch.request.tenant)
+        self.tenants.finished(dispatch.request.tenant, dispatch.pool)
         self._prefilled(dispatch, ok)
         backfilled = self._backfilled.get(dispatch.engine.id)
         if backfilled and dispatch in backfilled:
@@ -495,7 +512,7 @@ class Dispatcher:
         out: list[Outcome] = self.take_notices()
         for pool in self.pools.values():
             queue = pool.queue
-            while (entry := queue.peek(self.tenants.has_room)) is not None:
+            while (entry := queue.peek(self._may_start(pool))) is not None:
                 if entry.deadline < now:
                     # Its deadline passed since the last poll: refused, never started late.
                     out.extend(self._expire(now))

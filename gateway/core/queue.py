@@ -48,6 +48,10 @@ class WaitQueue:
     def tenants(self, cls: str) -> dict[str, int]:
         return self._lines[cls].tenants()
 
+    def all_tenants(self) -> set[str]:
+        """Tenants with requests waiting in any class."""
+        return {tenant for line in self._lines.values() for tenant in line.tenants()}
+
     def cost(self, req: RouteRequest) -> float:
         """What a request is charged: its prompt and predicted decode tokens."""
         return req.prompt_tokens + (req.max_tokens if req.max_tokens is not None else self.decode_tokens)

@@ -335,6 +335,7 @@ class Cluster:
             prefix=[] if self.precise else hash_blocks(tr.text(), self._seed),
             budget=budget,
             restartable=tr.cls == BATCH,
+            tenant=tr.tenant,
         )
         if self.precise:
             req.block_tokens = self._block_size(tr.cls)

@@ -38,6 +38,8 @@ class TraceRequest:
     source: str = ""
     block_tokens: int = TRACE_BLOCK_TOKENS
     """Tokens each of ``hash_ids`` stands for (512 as published; fewer after ``scale_blocks``)."""
+    tenant: str = ""
+    """Who sent it, as the key store would name the tenant (fair queueing experiments)."""
 
     def text(self) -> str:
         """Prompt text as the gateway would see it (only the part it hashes)."""

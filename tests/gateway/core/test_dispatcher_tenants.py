@@ -132,3 +132,37 @@ def test_a_full_queue_sheds_the_heaviest_batch_tenant_first():
     assert isinstance(out, Queued)
     shed = [o for o in d.take_notices() if isinstance(o, Rejection)]
     assert [o.request.tenant for o in shed] == ["flood"]
+
+
+def test_a_tenant_over_its_share_leaves_room_for_the_others_but_takes_everything_alone():
+    d = Dispatcher(
+        [PoolSpec("p", ["e0", "e1"], policy="least_loaded")],
+        admission=AdmissionSettings(
+            enabled=True, limits=LimitSettings(initial=4.0, unbudgeted=4.0), backfill_reserve=0.25, fair=True
+        ),
+        classes=FOUR,
+    )
+    # Alone, the noisy tenant fills all eight slots: work-conserving.
+    alone = [d.submit(req("noisy"), 0.0) for _ in range(8)]
+    assert all(isinstance(o, Dispatch) for o in alone)
+    for n, dispatch in enumerate(alone):
+        d.finish(dispatch, 1.0 + n)
+    # With another tenant active, past its half of the slots it keeps one slot per engine free ...
+    quiet = d.submit(req("quiet"), 10.0)
+    assert isinstance(quiet, Dispatch)
+    noisy = [d.submit(req("noisy"), 10.0) for _ in range(8)]
+    assert sum(isinstance(o, Dispatch) for o in noisy) == 5
+    # ... which the other tenant's next requests find at once.
+    assert isinstance(d.submit(req("quiet"), 10.1), Dispatch)
+
+
+def test_without_fairness_the_noisy_tenant_takes_every_slot():
+    d = Dispatcher(
+        [PoolSpec("p", ["e0", "e1"], policy="least_loaded")],
+        admission=AdmissionSettings(enabled=True, limits=LimitSettings(initial=4.0, unbudgeted=4.0), fair=False),
+        classes=FOUR,
+    )
+    assert isinstance(d.submit(req("quiet"), 0.0), Dispatch)
+    noisy = [d.submit(req("noisy"), 0.0) for _ in range(8)]
+    assert sum(isinstance(o, Dispatch) for o in noisy) == 7
+    assert isinstance(d.submit(req("quiet"), 0.1), Queued)
