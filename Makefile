@@ -27,11 +27,13 @@ run: $(STAMP)
 test: $(STAMP) $(ACTIONLINT)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest
+	$(BIN)/mypy
+	$(BIN)/pytest --cov --cov-report=term
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 vllm-setup:
 	sh engines/vllm/setup.sh

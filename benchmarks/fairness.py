@@ -33,16 +33,14 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from engines.sim.profile import load_profile
+from gateway.core.classes import BATCH, INTERACTIVE, Budget
+from gateway.core.dispatcher import AdmissionSettings
+from gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup, Record
+from gateway.simulate.report import meets_budget
+from gateway.simulate.traces import TRACE_BLOCK_TOKENS, TraceRequest
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from engines.sim.profile import load_profile  # noqa: E402
-from gateway.core.classes import BATCH, INTERACTIVE, Budget  # noqa: E402
-from gateway.core.dispatcher import AdmissionSettings  # noqa: E402
-from gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup, Record  # noqa: E402
-from gateway.simulate.report import meets_budget  # noqa: E402
-from gateway.simulate.traces import TRACE_BLOCK_TOKENS, TraceRequest  # noqa: E402
-
 PROFILE = "gemma4-nvfp4"
 ENGINES = 8
 INPUT, OUTPUT = 1024, 128

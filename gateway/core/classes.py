@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
+from gateway.core.reasons import Refusal
+
 INTERACTIVE = "interactive"
 BATCH = "batch"
 CLASSES: tuple[str, ...] = (INTERACTIVE, BATCH)
@@ -71,13 +73,12 @@ DEFAULT_CLASSES = ClassTable(
 
 
 class ClassificationError(ValueError):
-    """The request asked for a class it cannot have."""
+    """The request asked for a class (or a budget) it cannot have."""
 
-    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
+    def __init__(self, reason: Refusal, message: str, param: str | None = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.reason = reason
         self.message = message
-        self.code = code
         self.param = param
 
 
@@ -103,9 +104,12 @@ def _parse_ms(value: str | None, header: str) -> float | None:
     try:
         ms = float(value)
     except ValueError:
-        raise ClassificationError(400, f"{header} must be a number of milliseconds", "invalid_header", header) from None
+        raise ClassificationError(
+            Refusal.INVALID_HEADER, f"{header} must be a number of milliseconds", header
+        ) from None
     if not ms > 0 or ms != ms or ms == float("inf"):
-        raise ClassificationError(400, f"{header} must be a positive number of milliseconds", "invalid_header", header)
+        message = f"{header} must be a positive number of milliseconds"
+        raise ClassificationError(Refusal.INVALID_HEADER, message, header)
     return ms / 1000.0
 
 
@@ -130,17 +134,15 @@ def classify(
         cls = header.strip().lower()
         if cls not in known:
             raise ClassificationError(
-                400,
+                Refusal.INVALID_PRIORITY,
                 # Only a prefix of what the client sent: a header may be many kilobytes.
                 f"X-Priority must be one of {', '.join(known)}, got {header[:32]!r}",
-                "invalid_priority",
                 "X-Priority",
             )
     if allowed is not None and cls not in allowed:
         raise ClassificationError(
-            403,
+            Refusal.CLASS_NOT_ALLOWED,
             f"this API key may not use the {cls!r} class (allowed: {', '.join(sorted(allowed))})",
-            "class_not_allowed",
             "X-Priority",
         )
     return cls

@@ -1,12 +1,18 @@
 """The gateway's decisions for every request, in one sans-I/O state machine.
 
 Rules:
-- ``submit`` answers at once with a ``Dispatch`` (go to this engine), a ``Queued``
-  (wait; a later ``finish`` or ``poll`` returns its ``Dispatch`` or ``Rejection``), or a
-  ``Rejection`` (answer the client with this status and error code).
+- Every call that decides something (``submit``, ``retry``, ``finish``, ``poll``, ``cancel``)
+  returns all of it in one ``Decisions``: its ``answer`` about the request the call was for
+  (``submit``, ``retry``), and in ``others``, in the order they must be carried out, what it
+  decided for other requests: queued ones dispatched or refused, running ones preempted,
+  queued ones shed. Nothing is left behind for a later call to collect.
+- ``submit`` answers with a ``Dispatch`` (go to this engine), a ``Queued`` (wait: a later
+  call's ``others`` holds its ``Dispatch`` or ``Rejection``), or a ``Rejection`` (with the
+  ``Refusal`` reason that the HTTP layer turns into a status and an error code).
 - Every ``Dispatch`` must be paired with exactly one ``finish``; that is what keeps the
   in-flight counts, and therefore routing and admission, honest.
-- Only healthy engines are candidates. A class goes to its home pool.
+- Only healthy engines that serve the request's model are candidates (``models``). A class goes
+  to its home pool when that serves the model, else to the first pool that does.
 - With admission on, an engine takes a request only while its load is under its
   adaptive concurrency limit (see ``limiter``). Otherwise the request waits in its pool's
   queue, interactive before batch, until it can start; an interactive request that
@@ -27,14 +33,16 @@ Rules:
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gateway.core.classes import DEFAULT_CLASSES, ClassTable
 from gateway.core.engines import EngineMetrics, EngineState
+from gateway.core.kv_events import KVEvent
 from gateway.core.limiter import ConcurrencyLimit, LimitSettings
+from gateway.core.models import serves
 from gateway.core.queue import DEFAULT_DECODE_TOKENS, WaitQueue
+from gateway.core.reasons import Refusal
 from gateway.core.request import RouteRequest
 from gateway.core.routing import Choice, Policy, make_policy
 from gateway.core.slots import FullEngine, Running, SlotTimes
@@ -51,6 +59,10 @@ class PoolSpec:
     backfill: bool = True
     accept_overflow: bool = False
     policy_options: dict[str, object] = field(default_factory=dict)
+    models: tuple[str, ...] = ()
+    """Models the pool is declared to serve, besides what its engines list."""
+    loadable: tuple[str, ...] = ()
+    """LoRA adapters any of its engines may be asked to load on demand."""
 
 
 @dataclass(slots=True)
@@ -86,8 +98,7 @@ class Dispatch:
 @dataclass(slots=True, eq=False)
 class Rejection:
     request: RouteRequest
-    status: int
-    code: str
+    reason: Refusal
     message: str
     retry_after_s: float | None = None
 
@@ -110,6 +121,8 @@ class Preempted:
 
 
 Outcome = Dispatch | Queued | Rejection | Preempted
+Answer = Dispatch | Queued | Rejection
+Notice = Dispatch | Rejection | Preempted
 
 
 @dataclass(slots=True, frozen=True)
@@ -120,6 +133,22 @@ class LimitChange:
     reason: str
 
 
+@dataclass(slots=True, eq=False)
+class Decisions:
+    """Everything one call decided (see the module's rules)."""
+
+    answer: Answer | None = None
+    others: list[Notice] = field(default_factory=list)
+    limit_changes: list[LimitChange] = field(default_factory=list)
+    """Engines' limits that moved, or held for a new reason (``poll`` only), for the log."""
+
+    def __iter__(self) -> Iterator[Outcome]:
+        """The answer, then the others, in order."""
+        if self.answer is not None:
+            yield self.answer
+        yield from self.others
+
+
 class Pool:
     def __init__(self, spec: PoolSpec, classes: ClassTable, admission: AdmissionSettings) -> None:
         self.name = spec.name
@@ -128,15 +157,26 @@ class Pool:
         self.accept_overflow = spec.accept_overflow
         self.policy: Policy = make_policy(spec.policy, **spec.policy_options)
         self.engines: list[EngineState] = [EngineState(url, spec.name) for url in spec.engines]
+        self.models = frozenset(spec.models) | frozenset(spec.loadable)
+        self.loadable = frozenset(spec.loadable)
         self.queue = WaitQueue(classes, admission.fair, admission.decode_tokens)
         self.ttft_model = TTFTModel()
         self.slots = SlotTimes()
 
-    def healthy(self, exclude: Iterable[str] = ()) -> list[EngineState]:
+    def healthy(self, exclude: Iterable[str] = (), model: str | None = None) -> list[EngineState]:
+        if model is not None and self.models and model not in self.models:
+            return [e for e in self.healthy(exclude) if e.models is not None and model in e.models]
         if exclude:
             excluded = set(exclude)
-            return [e for e in self.engines if e.healthy and e.id not in excluded]
-        return [e for e in self.engines if e.healthy]
+            engines = [e for e in self.engines if e.healthy and e.id not in excluded]
+        else:
+            engines = [e for e in self.engines if e.healthy]
+        if model is not None and model not in self.loadable:
+            return [e for e in engines if e.serves(model)]
+        return engines
+
+    def serves(self, model: str) -> bool:
+        return serves(self.models, [e.models for e in self.engines], model)
 
     def set_engines(self, urls: Sequence[str]) -> None:
         known = {e.id: e for e in self.engines}
@@ -168,11 +208,10 @@ class Dispatcher:
         self.limits: dict[str, ConcurrencyLimit] = {}
         self._engines: dict[str, EngineState] = {}
         self._queued_pool: dict[str, Pool] = {}
-        self._notices: list[Outcome] = []
+        # What the call under way decided for other requests: handed out when it returns.
+        self._notices: list[Notice] = []
         self._backfilled: dict[str, list[Dispatch]] = {}
         self._running: dict[str, set[Dispatch]] = {}
-        # Bounded: a driver that never reads them (the simulator) keeps only the latest.
-        self._limit_changes: deque[LimitChange] = deque(maxlen=1024)
         self._reindex(0.0)
 
     # -- topology and health -------------------------------------------------
@@ -216,13 +255,11 @@ class Dispatcher:
             if metrics.itl_buckets:
                 self.limits[engine_id].observe_engine_itl(metrics.itl_buckets, now)
 
-    def apply_kv_events(self, engine_id: str, events: Sequence[object], now: float, restarted: bool = False) -> None:
+    def apply_kv_events(self, engine_id: str, events: Sequence[KVEvent], now: float, restarted: bool = False) -> None:
         """An engine's KV cache events (precise prefix mode)."""
         engine = self._engines.get(engine_id)
         if engine is not None:
-            handler = getattr(self.pools[engine.pool].policy, "kv_events", None)
-            if handler is not None:
-                handler(engine_id, events, restarted)
+            self.pools[engine.pool].policy.kv_events(engine_id, events, restarted)
 
     def queue_depths(self) -> dict[tuple[str, str], int]:
         return {(name, cls): pool.queue.depth(cls) for name, pool in self.pools.items() for cls in self.classes.names}
@@ -251,13 +288,20 @@ class Dispatcher:
 
     # -- the request path ----------------------------------------------------
 
-    def pool_for(self, cls: str) -> Pool:
-        return self.pools[self.home[cls]]
+    def pool_for(self, cls: str, model: str | None = None) -> Pool:
+        home = self.pools[self.home[cls]]
+        if model is None or home.serves(model):
+            return home
+        return next((p for p in self.pools.values() if p.serves(model)), home)
 
-    def submit(self, req: RouteRequest, now: float, exclude: Sequence[str] = ()) -> Outcome:
-        pool = self.pool_for(req.cls)
+    def submit(self, req: RouteRequest, now: float, exclude: Sequence[str] = ()) -> Decisions:
+        answer = self._submit(req, now, exclude)
+        return Decisions(answer, self._take_notices())
+
+    def _submit(self, req: RouteRequest, now: float, exclude: Sequence[str] = ()) -> Answer:
+        pool = self.pool_for(req.cls, req.model)
         if not self.admission.enabled:
-            choice = pool.policy.choose(req, pool.healthy(exclude), now)
+            choice = pool.policy.choose(req, pool.healthy(exclude, req.model), now)
             if choice is None:
                 return self._no_engine(req, pool, exclude)
             return self._start(req, pool, choice, now, exclude)
@@ -273,34 +317,38 @@ class Dispatcher:
 
     def admit_anyway(self, req: RouteRequest, now: float) -> Dispatch | None:
         """Start ``req`` where its pool's policy would, past any limit or queue (what-if experiments)."""
-        pool = self.pool_for(req.cls)
-        choice = pool.policy.choose(req, pool.healthy(), now)
+        pool = self.pool_for(req.cls, req.model)
+        choice = pool.policy.choose(req, pool.healthy((), req.model), now)
         return None if choice is None else self._start(req, pool, choice, now, ())
 
     def _no_engine(self, req: RouteRequest, pool: Pool, exclude: Sequence[str]) -> Rejection:
         after = " after a failed attempt" if exclude else ""
-        return Rejection(req, 503, "no_healthy_engine", f"no healthy engine in pool {pool.name!r}{after}", 1.0)
+        return Rejection(req, Refusal.NO_HEALTHY_ENGINE, f"no healthy engine in pool {pool.name!r}{after}", 1.0)
 
-    def _with_room(self, pool: Pool, exclude: Sequence[str], reserve: float = 0.0) -> list[EngineState]:
+    def _with_room(
+        self, pool: Pool, exclude: Sequence[str], reserve: float = 0.0, model: str | None = None
+    ) -> list[EngineState]:
         limits = self.limits
-        return [e for e in pool.healthy(exclude) if e.load < limits[e.id].limit - reserve]
+        return [e for e in pool.healthy(exclude, model) if e.load < limits[e.id].limit - reserve]
 
-    def _backfill_room(self, pool: Pool, exclude: Sequence[str]) -> list[EngineState]:
+    def _backfill_room(self, pool: Pool, exclude: Sequence[str], model: str | None = None) -> list[EngineState]:
         """Engines of ``pool`` with room to spare beyond a reserve kept for their own class (at least one slot)."""
         out = []
-        for engine in pool.healthy(exclude):
+        for engine in pool.healthy(exclude, model):
             limit = self.limits[engine.id].limit
             if engine.load < limit - max(1.0, self.admission.backfill_reserve * limit):
                 out.append(engine)
         return out
 
-    def _tenant_room(self, tenant: str, pool: Pool, exclude: Sequence[str] = ()) -> list[EngineState]:
+    def _tenant_room(
+        self, tenant: str, pool: Pool, exclude: Sequence[str] = (), model: str | None = None
+    ) -> list[EngineState]:
         """Engines with room for ``tenant``: one at or over its weighted share of the pool's slots
         leaves the backfill reserve free for tenants under theirs (all of it when alone)."""
         queued = pool.queue.all_tenants()
         if self.admission.fair and self.tenants.over_share(tenant, pool.name, self._slots(pool), queued):
-            return self._backfill_room(pool, exclude)
-        return self._with_room(pool, exclude)
+            return self._backfill_room(pool, exclude, model)
+        return self._with_room(pool, exclude, model=model)
 
     def _slots(self, pool: Pool) -> float:
         return sum(self.limits[e.id].limit for e in pool.healthy())
@@ -314,37 +362,38 @@ class Dispatcher:
     def _overflow_pools(self, req: RouteRequest) -> list[Pool]:
         if self.classes.is_batch(req.cls):
             return []
-        home = self.home[req.cls]
-        return [p for p in self.pools.values() if p.name != home and p.accept_overflow]
+        home = self.pool_for(req.cls, req.model).name
+        return [p for p in self.pools.values() if p.name != home and p.accept_overflow and p.serves(req.model)]
 
     def _place(self, req: RouteRequest, pool: Pool, now: float, exclude: Sequence[str] = ()) -> Dispatch | None:
         """Start ``req`` on an engine with room, or return None."""
-        choice = pool.policy.choose(req, self._tenant_room(req.tenant, pool, exclude), now)
+        model = req.model
+        choice = pool.policy.choose(req, self._tenant_room(req.tenant, pool, exclude, model), now)
         if choice is not None:
             return self._start(req, pool, choice, now, exclude)
         if self.classes.is_batch(req.cls):
             for other in self.pools.values():
                 if other is pool or not other.backfill or other.queue.depth_of(self.classes.interactive_like):
                     continue
-                choice = other.policy.choose(req, self._backfill_room(other, exclude), now)
+                choice = other.policy.choose(req, self._backfill_room(other, exclude, model), now)
                 if choice is not None:
                     return self._start(req, other, choice, now, exclude, reason="backfill")
             return None
         for other in self._overflow_pools(req):
-            choice = other.policy.choose(req, self._with_room(other, exclude), now)
+            choice = other.policy.choose(req, self._with_room(other, exclude, model=model), now)
             if choice is not None:
                 return self._start(req, other, choice, now, exclude, reason="overflow")
-        if self._preempt_backfill(pool, exclude, now):
-            choice = pool.policy.choose(req, self._with_room(pool, exclude), now)
+        if self._preempt_backfill(pool, exclude, now, model):
+            choice = pool.policy.choose(req, self._with_room(pool, exclude, model=model), now)
             if choice is not None:
                 return self._start(req, pool, choice, now, exclude, reason="preempted_backfill")
         return None
 
-    def _preempt_backfill(self, pool: Pool, exclude: Sequence[str], now: float) -> bool:
+    def _preempt_backfill(self, pool: Pool, exclude: Sequence[str], now: float, model: str | None = None) -> bool:
         """Free a slot in ``pool`` by stopping the youngest restartable batch request backfilled there."""
         victims = [
             d
-            for e in pool.healthy(exclude)
+            for e in pool.healthy(exclude, model)
             if e.load - 1 < self.limits[e.id].limit  # one stop must be enough to make room
             for d in self._backfilled.get(e.id, ())
             if not d.done and d.preemptible
@@ -354,7 +403,7 @@ class Dispatcher:
         victim = max(victims, key=lambda d: d.dispatched_at)
         self._release(victim, ok=False)
         self._notices.append(Preempted(victim))
-        home = self.pool_for(victim.request.cls)
+        home = self.pool_for(victim.request.cls, victim.request.model)
         home.queue.push(victim.request, self._start_deadline(victim.request, home), now)
         self._queued_pool[victim.request.id] = home
         return True
@@ -368,7 +417,7 @@ class Dispatcher:
             return req.arrival + req.budget.deadline_s
         return math.inf
 
-    def _enqueue(self, req: RouteRequest, pool: Pool, now: float) -> Outcome:
+    def _enqueue(self, req: RouteRequest, pool: Pool, now: float) -> Answer:
         deadline = self._start_deadline(req, pool)
         wait = None
         if req.budget.ttft_s is not None:
@@ -379,13 +428,14 @@ class Dispatcher:
             if wait is None:
                 wait = self._expected_wait(pool, pool.queue.position(req, deadline, self._may_start(pool)), now)
             if self.classes.is_batch(req.cls) or pool.queue.depth_of(self.classes.batch_like) == 0:
-                return Rejection(req, 429, "queue_full", f"the {pool.name!r} queue is full", self._retry_after(wait))
+                full = f"the {pool.name!r} queue is full"
+                return Rejection(req, Refusal.QUEUE_FULL, full, self._retry_after(wait))
             victim = pool.queue.shed()
             assert victim is not None
             self._queued_pool.pop(victim.request.id, None)
             self._notices.append(
                 Rejection(
-                    victim.request, 429, "shed", "shed to make room for interactive work", self._retry_after(wait)
+                    victim.request, Refusal.SHED, "shed to make room for interactive work", self._retry_after(wait)
                 )
             )
         pool.queue.push(req, deadline, now)
@@ -412,8 +462,7 @@ class Dispatcher:
         budget_ms = int((req.budget.ttft_s or 0) * 1000)
         return Rejection(
             req,
-            429,
-            "slo_budget_exceeded",
+            Refusal.SLO_BUDGET_EXCEEDED,
             f"cannot start within the {budget_ms} ms time-to-first-token budget; retry later",
             self._retry_after(wait),
         )
@@ -428,7 +477,7 @@ class Dispatcher:
         reason: str | None = None,
     ) -> Dispatch:
         engine = choice.engine
-        engine.started(req.cls)
+        engine.started(req.cls, req.adapter)
         self.tenants.started(req.tenant, req.max_concurrency, req.weight, pool.name)
         prefill = max(0, req.prompt_tokens - choice.predicted_cached_tokens)
         engine.pending_prefill += prefill
@@ -465,7 +514,7 @@ class Dispatcher:
 
     def _release(self, dispatch: Dispatch, ok: bool = True) -> None:
         dispatch.done = True
-        dispatch.engine.finished(dispatch.request.cls)
+        dispatch.engine.finished(dispatch.request.cls, dispatch.request.adapter)
         self.tenants.finished(dispatch.request.tenant, dispatch.pool)
         self._prefilled(dispatch, ok)
         backfilled = self._backfilled.get(dispatch.engine.id)
@@ -475,21 +524,20 @@ class Dispatcher:
         if running is not None:
             running.discard(dispatch)
 
-    def finish(self, dispatch: Dispatch, now: float, ok: bool = True) -> list[Outcome]:
-        if dispatch.done:
-            # Already released (preempted): nothing to give back.
-            return self._drain(now) if self.admission.enabled else []
-        self._release(dispatch, ok)
-        if not self.admission.enabled:
-            return []
-        if ok:
-            pool = self.pools[dispatch.engine.pool]
-            pool.slots.observe_done(self._run(dispatch, pool), now - dispatch.dispatched_at)
-        return self._drain(now)
+    def finish(self, dispatch: Dispatch, now: float, ok: bool = True) -> Decisions:
+        """The dispatched request ended (``ok``: the engine answered); idempotent."""
+        if not dispatch.done:
+            self._release(dispatch, ok)
+            if ok and self.admission.enabled:
+                pool = self.pools[dispatch.engine.pool]
+                pool.slots.observe_done(self._run(dispatch, pool), now - dispatch.dispatched_at)
+        if self.admission.enabled:
+            self._drain(now)
+        return Decisions(None, self._take_notices())
 
-    def _expire(self, now: float) -> list[Outcome]:
+    def _expire(self, now: float) -> None:
         """Refuse the queued requests whose start deadline has passed."""
-        out: list[Outcome] = []
+        out = self._notices
         for pool in self.pools.values():
             for entry in pool.queue.expired(now):
                 self._queued_pool.pop(entry.request.id, None)
@@ -500,72 +548,64 @@ class Dispatcher:
                     out.append(
                         Rejection(
                             req,
-                            429,
-                            "deadline_exceeded",
+                            Refusal.DEADLINE_EXCEEDED,
                             "the request's deadline passed while queued",
                             self.admission.min_retry_after_s,
                         )
                     )
-        return out
 
-    def _drain(self, now: float) -> list[Outcome]:
-        out: list[Outcome] = self.take_notices()
+    def _drain(self, now: float) -> None:
+        """Start queued requests while they fit, in queue order, each pool in turn."""
+        out = self._notices
         for pool in self.pools.values():
             queue = pool.queue
             while (entry := queue.peek(self._may_start(pool))) is not None:
                 if entry.deadline < now:
                     # Its deadline passed since the last poll: refused, never started late.
-                    out.extend(self._expire(now))
+                    self._expire(now)
                     continue
+                # A placement may preempt someone: that notice goes out before any later
+                # dispatch of the same request, since both land in ``out`` in order.
                 placed = self._place(entry.request, pool, now)
-                # A placement may have preempted someone: that notice must come before any
-                # later dispatch of the same request.
-                out.extend(self.take_notices())
                 if placed is None:
                     break
                 queue.take(entry.request)
                 self._queued_pool.pop(entry.request.id, None)
                 out.append(placed)
-        return out
 
-    def take_notices(self) -> list[Outcome]:
-        """Outcomes for requests other than the one just submitted (shed, preempted)."""
-        if not self._notices:
-            return []
+    def _take_notices(self) -> list[Notice]:
         notices, self._notices = self._notices, []
         return notices
 
-    def retry(self, dispatch: Dispatch, now: float) -> Outcome:
+    def retry(self, dispatch: Dispatch, now: float) -> Decisions:
         """The engine refused the connection before any byte: try another of the pool once."""
-        extra = self.finish(dispatch, now, ok=False)
-        outcome = self.submit(dispatch.request, now, exclude=(*dispatch.excluded, dispatch.engine.id))
-        if extra:
-            self._notices.extend(extra)
-        return outcome
+        released = self.finish(dispatch, now, ok=False)
+        decided = self.submit(dispatch.request, now, exclude=(*dispatch.excluded, dispatch.engine.id))
+        decided.others[:0] = released.others
+        return decided
 
-    def poll(self, now: float) -> list[Outcome]:
+    def poll(self, now: float) -> Decisions:
         """Refuse what can no longer start in time, update limits, start what now fits."""
         if not self.admission.enabled:
-            return []
-        out = self._expire(now)
+            return Decisions()
+        self._expire(now)
+        changes = []
         for engine_id, limit in self.limits.items():
             before, why = limit.limit, limit.reason
             limit.update(now, self._engines[engine_id].load)
             if limit.limit != before or limit.reason != why:
-                self._limit_changes.append(LimitChange(engine_id, before, limit.limit, limit.reason))
-        out.extend(self._drain(now))
-        return out
+                changes.append(LimitChange(engine_id, before, limit.limit, limit.reason))
+        self._drain(now)
+        return Decisions(None, self._take_notices(), changes)
 
-    def take_limit_changes(self) -> list[LimitChange]:
-        """Limits that moved (or held for a new reason) since the last call, for the log."""
-        changes = list(self._limit_changes)
-        self._limit_changes.clear()
-        return changes
-
-    def cancel(self, req: RouteRequest, now: float) -> None:
+    def cancel(self, req: RouteRequest, now: float) -> Decisions:
+        """The client left: free its place in the queue (a place freed may let others start)."""
         pool = self._queued_pool.pop(req.id, None)
         if pool is not None:
             pool.queue.remove(req)
+            if self.admission.enabled:
+                self._drain(now)
+        return Decisions(None, self._take_notices())
 
     # -- observations from the relay -----------------------------------------
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.core.lora import AdapterSlots, LoraInfo
+
 
 @dataclass(slots=True)
 class EngineMetrics:
@@ -28,6 +30,8 @@ class EngineMetrics:
     model: str | None = None
     itl_buckets: tuple[tuple[float, float], ...] | None = None
     """``vllm:inter_token_latency_seconds``: cumulative counts by upper bound (the last is +Inf)."""
+    lora: LoraInfo | None = None
+    """The newest ``vllm:lora_requests_info`` series (engines with ``--enable-lora``)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -49,6 +53,13 @@ class EngineState:
     routed_total: int = 0
     pending_prefill: int = 0
     inflight_by_class: dict[str, int] = field(default_factory=dict)
+    models: frozenset[str] | None = None
+    """Model and adapter names the engine lists in ``/v1/models``; None until it answered once."""
+    adapters: AdapterSlots = field(default_factory=AdapterSlots)
+
+    def serves(self, model: str) -> bool:
+        models = self.models
+        return models is None or model in models
 
     @property
     def load(self) -> float:
@@ -65,17 +76,23 @@ class EngineState:
             self.block_size = m.block_size
         if m.num_blocks:
             self.num_blocks = m.num_blocks
+        if m.lora is not None:
+            self.adapters.scraped(m.lora)
         self.scraped_at = now
 
     def mark_scrape_start(self) -> None:
         """Called when a scrape is sent, so the reply can be compared with what we had in flight."""
         self.inflight_at_scrape = self.inflight
 
-    def started(self, cls: str) -> None:
+    def started(self, cls: str, adapter: str | None = None) -> None:
         self.inflight += 1
         self.routed_total += 1
         self.inflight_by_class[cls] = self.inflight_by_class.get(cls, 0) + 1
+        if adapter is not None:
+            self.adapters.started(adapter)
 
-    def finished(self, cls: str) -> None:
+    def finished(self, cls: str, adapter: str | None = None) -> None:
         self.inflight -= 1
         self.inflight_by_class[cls] -= 1
+        if adapter is not None:
+            self.adapters.finished(adapter)

@@ -41,6 +41,7 @@ class Waiting(Generic[T]):
     tenant: str = field(compare=False)
     cost: float = field(compare=False)
     item: T = field(compare=False)
+    enqueued: float = field(compare=False, default=0.0)
     cancelled: bool = field(compare=False, default=False)
 
     @property
@@ -86,7 +87,15 @@ class FairQueue(Generic[T]):
             yield from tenant.live.values()
 
     def push(
-        self, key: str, tenant: str, cost: float, deadline: float, arrival: float, item: T, weight: float = 1.0
+        self,
+        key: str,
+        tenant: str,
+        cost: float,
+        deadline: float,
+        arrival: float,
+        item: T,
+        weight: float = 1.0,
+        now: float = 0.0,
     ) -> Waiting[T]:
         if not weight > 0:
             raise ValueError("a tenant's weight must be positive")
@@ -96,7 +105,7 @@ class FairQueue(Generic[T]):
         state.weight = weight
         if not state.live:
             state.tag = max(state.tag, self.vtime)
-        entry = Waiting(deadline, arrival, next(self._seq), key, tenant, max(0.0, cost), item)
+        entry = Waiting(deadline, arrival, next(self._seq), key, tenant, max(0.0, cost), item, now)
         heapq.heappush(state.line, entry)
         state.live[key] = entry
         state.queued_cost += entry.cost

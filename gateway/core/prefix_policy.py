@@ -25,6 +25,10 @@ Rules:
   was routed (under a queue the two sets differ and the index would shrink for nothing),
   and only over a sample of prompt tokens worth ``honesty_share`` of the engine's cache: a
   handful of long prompts says nothing about a cache of a million tokens.
+- LoRA (``lora_aware``): a request for an adapter goes only to engines with a free adapter slot
+  for it (``gateway.core.lora``) while any candidate has one, so no engine gets more distinct
+  adapters at once than its ``max_lora`` while another has room; and an engine that must swap the
+  adapter in costs ``lora_swap_tokens`` more than one that holds it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from xxhash import xxh3_64_intdigest
 
 from gateway.core.affinity import AffinityIndex
 from gateway.core.engines import EngineState
+from gateway.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from gateway.core.precise import PreciseIndex
 from gateway.core.request import RouteRequest
 from gateway.core.routing import Choice
@@ -77,6 +82,8 @@ class PrefixAffinity:
         max_sessions: int = 100_000,
         precise: bool = False,
         honesty_share: float = 0.5,
+        lora_aware: bool = True,
+        lora_swap_tokens: float = 2048.0,
     ) -> None:
         if load_factor < 1.0:
             raise ValueError("load_factor must be at least 1")
@@ -90,6 +97,8 @@ class PrefixAffinity:
         self.rendezvous_blocks = rendezvous_blocks
         self.default_capacity_tokens = default_capacity_tokens
         self.honesty_share = honesty_share
+        self.lora_aware = lora_aware
+        self.lora_swap_tokens = lora_swap_tokens
         self.index = AffinityIndex(default_capacity_tokens)
         # Precise mode: the index holds what the engines' KV events say, nothing guessed.
         self.precise = PreciseIndex(self.index) if precise else None
@@ -116,6 +125,9 @@ class PrefixAffinity:
         if not candidates:
             return None
         eligible = self.eligible(candidates)
+        adapter = req.adapter if self.lora_aware else None
+        if adapter is not None:
+            eligible = _with_slot(adapter, eligible, candidates)
         prefix = req.prefix
         if req.session is not None:
             pinned = self.sessions.get(req.session)
@@ -134,23 +146,33 @@ class PrefixAffinity:
             + self.kv_cost_tokens * max(0.0, e.kv_usage - 0.8) * 5
             for e, c in zip(eligible, cached, strict=True)
         ]
+        resident = [True] * len(eligible)
+        if adapter is not None:
+            for i, engine in enumerate(eligible):
+                if not engine.adapters.resident(adapter):
+                    resident[i] = False
+                    costs[i] += self.lora_swap_tokens
+                if not engine.serves(adapter):
+                    costs[i] += self.lora_swap_tokens  # to be loaded on demand first
         cheapest = min(costs)
         slack = max(self.tolerance_tokens, self.tolerance * req.prompt_tokens)
         floor = min(cached)
         distinct = min(len(prefix), min(depths) + self.rendezvous_blocks) if prefix else 0
         key = prefix[distinct - 1] if distinct else 0
-        best: tuple[int, int] | None = None
+        best: tuple[int, bool, int] | None = None
         chosen = near = 0
         for i, engine in enumerate(eligible):
             if costs[i] > cheapest + slack:
                 continue
             near += 1
-            rank = (cached[i], rendezvous_weight(key, engine.id))
+            rank = (cached[i], resident[i], rendezvous_weight(key, engine.id))
             if best is None or rank > best:
                 best, chosen = rank, i
         self.max_bound_ratio = max(self.max_bound_ratio, (eligible[chosen].load + 1) / self._bound)
         if cached[chosen] > floor:
             reason = "affinity"
+        elif adapter is not None and resident[chosen] and not all(resident):
+            reason = "adapter"
         elif near > 1:
             reason = "rendezvous"
         else:
@@ -202,7 +224,7 @@ class PrefixAffinity:
         if self.precise is None:
             self.index.set_capacity(engine.id, self._capacity_tokens(engine))
 
-    def kv_events(self, engine_id: str, events: Sequence[object], restarted: bool = False) -> None:
+    def kv_events(self, engine_id: str, events: Sequence[KVEvent], restarted: bool = False) -> None:
         """Apply an engine's KV cache events (precise mode; ignored otherwise)."""
         precise = self.precise
         if precise is None:
@@ -210,15 +232,20 @@ class PrefixAffinity:
         if restarted:
             precise.cleared(engine_id)
         for event in events:
-            kind = type(event).__name__
-            if kind == "BlockStored":
-                precise.stored(
-                    engine_id, event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
-                )
-            elif kind == "BlockRemoved":
-                precise.removed(engine_id, event.block_hashes)
-            elif kind == "AllBlocksCleared":
-                precise.cleared(engine_id)
+            match event:
+                case BlockStored():
+                    precise.stored(
+                        engine_id,
+                        event.block_hashes,
+                        event.parent_block_hash,
+                        event.token_ids,
+                        event.block_size,
+                        event.lora_name,
+                    )
+                case BlockRemoved():
+                    precise.removed(engine_id, event.block_hashes)
+                case AllBlocksCleared():
+                    precise.cleared(engine_id)
 
     def scraped(self, engine: EngineState) -> None:
         """Compare the engine's real prefix-cache counters with what the index predicted."""
@@ -259,3 +286,13 @@ class PrefixAffinity:
         self._honesty.pop(engine_id, None)
         for session in [s for s, e in self.sessions.items() if e == engine_id]:
             del self.sessions[session]
+
+
+def _with_slot(adapter: str, eligible: list[EngineState], candidates: Sequence[EngineState]) -> list[EngineState]:
+    """The engines that can take ``adapter`` without exceeding their slots: eligible ones first,
+    then any candidate (a slot rule outranks the load bound); all eligible when none has room."""
+    room = [e for e in eligible if e.adapters.has_room(adapter)]
+    if room:
+        return room
+    room = [e for e in candidates if e.adapters.has_room(adapter)]
+    return room or eligible

@@ -57,7 +57,8 @@ class WaitQueue:
         return req.prompt_tokens + (req.max_tokens if req.max_tokens is not None else self.decode_tokens)
 
     def push(self, req: RouteRequest, deadline: float, now: float) -> Entry:
-        return self._lines[req.cls].push(req.id, req.tenant, self.cost(req), deadline, req.arrival, req, req.weight)
+        line = self._lines[req.cls]
+        return line.push(req.id, req.tenant, self.cost(req), deadline, req.arrival, req, req.weight, now)
 
     def peek(self, eligible: Callable[[str], bool] | None = None) -> Entry | None:
         """The entry that starts next; tenants for which ``eligible`` is false are passed over."""
@@ -65,6 +66,13 @@ class WaitQueue:
             if len(line) and (entry := line.peek(eligible)) is not None:
                 return entry
         return None
+
+    def pop(self) -> Entry:
+        """Take the entry that starts next."""
+        entry = self.peek()
+        assert entry is not None
+        self.take(entry.request)
+        return entry
 
     def take(self, request: RouteRequest) -> Entry | None:
         """Remove ``request`` because it starts now: its tenant is charged for it."""
@@ -90,10 +98,11 @@ class WaitQueue:
         ahead = sum(len(line) for cls, line in self._lines.items() if self.classes.rank[cls] < rank)
         return ahead + self._lines[req.cls].ahead(req.tenant, deadline, eligible)
 
-    def shed(self) -> Entry | None:
-        """Drop the newest entry of the heaviest tenant of the lowest-ranked batch class that has any."""
-        for cls in reversed(self.classes.batch_like):
-            line = self._lines[cls]
+    def shed(self, cls: str | None = None) -> Entry | None:
+        """Drop the newest entry of the heaviest tenant of class ``cls``, by default of the lowest-ranked
+        batch class that has any."""
+        for name in (cls,) if cls is not None else reversed(self.classes.batch_like):
+            line = self._lines[name]
             victim = line.newest_of_heaviest()
             if victim is not None:
                 line.remove(victim.key)

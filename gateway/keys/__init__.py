@@ -227,8 +227,8 @@ class KeyAuthenticator:
         if authorization is not None and authorization.startswith(_INTERNAL):
             token, _, owner = authorization[len(_INTERNAL) :].partition(b" ")
             if hmac.compare_digest(token, self._internal):
-                key_id = owner.decode()
-                return Principal(key_id or None, "batch", BATCH, frozenset({BATCH}), tenant=key_id)
+                owner_id = owner.decode()
+                return Principal(owner_id or None, "batch", BATCH, frozenset({BATCH}), tenant=owner_id)
         secret = _bearer(authorization)
         if secret is None:
             raise ApiError(

@@ -6,7 +6,8 @@ Rules:
   process could not even open a socket for (out of descriptors) counts for nothing.
 - Scrapes run at their own, slower interval (vLLM's ``/metrics`` is not free to render).
 - The models an engine serves are read from its ``/v1/models`` until it answers once,
-  then refreshed every ``models_every`` probes.
+  then refreshed every ``models_every`` probes; the core's engine state gets their names, and
+  ``models_version`` moves whenever any engine's list changed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,9 +58,12 @@ class EngineMonitor:
         self.scrape_interval_s = scrape_interval_s
         self.models_every = models_every
         self.watches: dict[str, EngineWatch] = {}
+        self.models_version = 0
         self._discovery: list[asyncio.Task[None]] = []
         self.on_watch: list[Callable[[str, str], None]] = []
-        self.on_unwatch: list[Callable[[str, str], Awaitable[None]]] = []
+        self.on_unwatch: list[Callable[[str, str], Coroutine[Any, Any, None]]] = []
+        # The event loop keeps only weak references to tasks: these keep the callbacks alive.
+        self._callbacks: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -85,7 +89,12 @@ class EngineMonitor:
             task.cancel()
         w.client.close()
         for callback in self.on_unwatch:
-            asyncio.get_running_loop().create_task(callback(engine_id, w.pool))
+            self._spawn(callback(engine_id, w.pool))
+
+    def _spawn(self, callback: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(callback)
+        self._callbacks.add(task)
+        task.add_done_callback(self._callbacks.discard)
 
     def discover(self, pool: str, target: str, interval_s: float) -> None:
         self._discovery.append(asyncio.create_task(self._discovery_loop(pool, target, interval_s)))
@@ -94,7 +103,7 @@ class EngineMonitor:
         tasks = [t for w in self.watches.values() for t in w.tasks] + self._discovery
         for task in tasks:
             task.cancel()
-        for task in tasks:
+        for task in [*tasks, *self._callbacks]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         for w in self.watches.values():
@@ -151,19 +160,25 @@ class EngineMonitor:
             w.failures = 0
             self._set_health(engine_id, w, True, "health probe passed")
             if not w.models or w.probes % self.models_every == 0:
-                await self._read_models(w)
+                await self._read_models(engine_id, w)
             w.probes += 1
         else:
             w.failures += 1
             if w.failures >= self.unhealthy_after:
                 self._set_health(engine_id, w, False, reason)
 
-    async def _read_models(self, w: EngineWatch) -> None:
+    async def _read_models(self, engine_id: str, w: EngineWatch) -> None:
         try:
             status, body = await w.client.get(b"/v1/models", timeout_s=self.health_timeout_s * 5)
             if status == 200:
                 data = orjson.loads(body).get("data") or []
-                w.models = [m for m in data if isinstance(m, dict) and "id" in m]
+                models = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+                if models != w.models:
+                    w.models = models
+                    self.models_version += 1
+                engine = self.dispatcher.engine(engine_id)
+                if engine is not None:
+                    engine.models = frozenset(m["id"] for m in models)
         except (UpstreamError, orjson.JSONDecodeError, AttributeError) as exc:
             log.debug("models_read_failed", engine=w.client.base_url, reason=str(exc))
 

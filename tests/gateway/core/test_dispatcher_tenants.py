@@ -54,10 +54,10 @@ def serve(d, first, rounds):
 
 def test_every_class_sends_its_own_priority_and_the_queue_follows_rank():
     d = make()
-    busy = d.submit(req(cls=BATCH), 0.0)
+    busy = d.submit(req(cls=BATCH), 0.0).answer
     assert isinstance(busy, Dispatch) and busy.priority == 3
     for cls in (BATCH, "standard", INTERACTIVE, "realtime"):
-        assert isinstance(d.submit(req(cls, cls=cls), 0.0), Queued)
+        assert isinstance(d.submit(req(cls, cls=cls), 0.0).answer, Queued)
     order = []
     running = busy
     for n in range(4):
@@ -68,13 +68,13 @@ def test_every_class_sends_its_own_priority_and_the_queue_follows_rank():
 
 def test_no_priority_is_written_for_a_pool_that_does_not_take_it():
     d = make(takes_priority=False)
-    out = d.submit(req(cls="realtime"), 0.0)
+    out = d.submit(req(cls="realtime"), 0.0).answer
     assert isinstance(out, Dispatch) and out.priority is None
 
 
 def test_a_noisy_tenant_gets_its_share_not_the_queue():
     d = make()
-    first = d.submit(req("noisy"), 0.0)
+    first = d.submit(req("noisy"), 0.0).answer
     for _ in range(30):
         d.submit(req("noisy"), 0.0)
     for tenant in ("a", "b", "c"):
@@ -88,7 +88,7 @@ def test_a_noisy_tenant_gets_its_share_not_the_queue():
 
 def test_without_fairness_the_noisy_tenant_that_came_first_goes_first():
     d = make(fair=False)
-    first = d.submit(req("noisy"), 0.0)
+    first = d.submit(req("noisy"), 0.0).answer
     for _ in range(30):
         d.submit(req("noisy"), 0.0)
     d.submit(req("a"), 0.1)
@@ -97,7 +97,7 @@ def test_without_fairness_the_noisy_tenant_that_came_first_goes_first():
 
 def test_weights_set_the_shares():
     d = make()
-    first = d.submit(req("heavy", weight=3.0), 0.0)
+    first = d.submit(req("heavy", weight=3.0), 0.0).answer
     for _ in range(40):
         d.submit(req("heavy", weight=3.0), 0.0)
         d.submit(req("light", weight=1.0), 0.0)
@@ -107,11 +107,11 @@ def test_weights_set_the_shares():
 
 def test_a_tenant_at_its_cap_waits_while_others_use_the_room():
     d = make(engines=4, limit=1.0)
-    capped = [d.submit(req("capped", cap=2), 0.0) for _ in range(3)]
+    capped = [d.submit(req("capped", cap=2), 0.0).answer for _ in range(3)]
     assert [type(o) for o in capped] == [Dispatch, Dispatch, Queued]
-    other = d.submit(req("other"), 0.0)
+    other = d.submit(req("other"), 0.0).answer
     assert isinstance(other, Dispatch), "work-conserving: the cap holds back only its own tenant"
-    free = d.submit(req("other"), 0.0)
+    free = d.submit(req("other"), 0.0).answer
     assert isinstance(free, Dispatch)
     # A slot frees up: the capped tenant's queued request starts only once one of its own ends.
     d.finish(free, 1.0)
@@ -126,11 +126,11 @@ def test_a_full_queue_sheds_the_heaviest_batch_tenant_first():
     d.submit(req(cls=BATCH), 0.0)
     for _ in range(3):
         d.submit(req("flood", cls=BATCH), 0.0)
-    light = d.submit(req("light", cls=BATCH), 0.0)
+    light = d.submit(req("light", cls=BATCH), 0.0).answer
     assert isinstance(light, Queued)
-    out = d.submit(req("someone", cls="realtime"), 0.0)
-    assert isinstance(out, Queued)
-    shed = [o for o in d.take_notices() if isinstance(o, Rejection)]
+    decided = d.submit(req("someone", cls="realtime"), 0.0)
+    assert isinstance(decided.answer, Queued)
+    shed = [o for o in decided.others if isinstance(o, Rejection)]
     assert [o.request.tenant for o in shed] == ["flood"]
 
 
@@ -143,17 +143,17 @@ def test_a_tenant_over_its_share_leaves_room_for_the_others_but_takes_everything
         classes=FOUR,
     )
     # Alone, the noisy tenant fills all eight slots: work-conserving.
-    alone = [d.submit(req("noisy"), 0.0) for _ in range(8)]
+    alone = [d.submit(req("noisy"), 0.0).answer for _ in range(8)]
     assert all(isinstance(o, Dispatch) for o in alone)
     for n, dispatch in enumerate(alone):
         d.finish(dispatch, 1.0 + n)
     # With another tenant active, past its half of the slots it keeps one slot per engine free ...
-    quiet = d.submit(req("quiet"), 10.0)
+    quiet = d.submit(req("quiet"), 10.0).answer
     assert isinstance(quiet, Dispatch)
-    noisy = [d.submit(req("noisy"), 10.0) for _ in range(8)]
+    noisy = [d.submit(req("noisy"), 10.0).answer for _ in range(8)]
     assert sum(isinstance(o, Dispatch) for o in noisy) == 5
     # ... which the other tenant's next requests find at once.
-    assert isinstance(d.submit(req("quiet"), 10.1), Dispatch)
+    assert isinstance(d.submit(req("quiet"), 10.1).answer, Dispatch)
 
 
 def test_without_fairness_the_noisy_tenant_takes_every_slot():
@@ -162,7 +162,7 @@ def test_without_fairness_the_noisy_tenant_takes_every_slot():
         admission=AdmissionSettings(enabled=True, limits=LimitSettings(initial=4.0, unbudgeted=4.0), fair=False),
         classes=FOUR,
     )
-    assert isinstance(d.submit(req("quiet"), 0.0), Dispatch)
-    noisy = [d.submit(req("noisy"), 0.0) for _ in range(8)]
+    assert isinstance(d.submit(req("quiet"), 0.0).answer, Dispatch)
+    noisy = [d.submit(req("noisy"), 0.0).answer for _ in range(8)]
     assert sum(isinstance(o, Dispatch) for o in noisy) == 7
-    assert isinstance(d.submit(req("quiet"), 0.1), Queued)
+    assert isinstance(d.submit(req("quiet"), 0.1).answer, Queued)
