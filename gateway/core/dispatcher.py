@@ -15,8 +15,12 @@ Rules:
   to its home pool when that serves the model, else to the first pool that does.
 - With admission on, an engine takes a request only while its load is under its
   adaptive concurrency limit (see ``limiter``). Otherwise the request waits in its pool's
-  queue, interactive before batch, until it can start; an interactive request that
-  cannot start within its TTFT budget is refused at once with ``slo_budget_exceeded``.
+  queue, classes by rank (their vLLM ``priority``), until it can start; an interactive-kind
+  request that cannot start within its TTFT budget is refused at once with ``slo_budget_exceeded``.
+- Inside a class, tenants share the queue by weighted fair queueing (``fair_queue``). A tenant
+  at its concurrency cap starts nothing more; one at or over its weighted share of a pool's
+  slots, while other tenants are active there, starts only where an engine keeps the backfill
+  reserve free (alone, it may take every slot).
 - Batch requests may also start on engines of the interactive pool (backfill) while those
   keep a reserve of free slots and no interactive request waits. When an interactive
   request finds no room, a restartable (not streamed) backfilled batch request is stopped
@@ -24,8 +28,8 @@ Rules:
   recomputation. Interactive requests may overflow into a pool that accepts them; such
   pools run vLLM's priority scheduling and get ``priority`` written, so interactive work
   preempts batch there.
-- When a queue is full, the newest batch request is shed to make room; a batch request
-  that finds the queue full of interactive work is refused.
+- When a queue is full, the newest batch request of the heaviest batch tenant is shed to make
+  room; a batch request that finds the queue full of interactive work is refused.
 - Time is always an argument: the HTTP layer passes the wall clock, the simulator a
   virtual one.
 """
