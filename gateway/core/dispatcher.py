@@ -312,7 +312,7 @@ class Dispatcher:
         if not any(e.healthy for e in pool.engines) and not self._overflow_pools(req):
             return self._no_engine(req, pool, exclude)
         self.tenants.note(req.tenant, req.max_concurrency, req.weight)
-        if self.tenants.has_room(req.tenant) and pool.queue.position(req, math.inf, self._may_start(pool)) == 0:
+        if self.tenants.has_room(req.tenant) and pool.queue.position(req, math.inf, self._ahead_of(req, pool)) == 0:
             placed = self._place(req, pool, now, exclude)
             if placed is not None:
                 pool.queue.charge(req)
@@ -349,19 +349,30 @@ class Dispatcher:
     ) -> list[EngineState]:
         """Engines with room for ``tenant``: one at or over its weighted share of the pool's slots
         leaves the backfill reserve free for tenants under theirs (all of it when alone)."""
-        queued = pool.queue.all_tenants()
-        if self.admission.fair and self.tenants.over_share(tenant, pool.name, self._slots(pool), queued):
+        if self._over_share(pool)(tenant):
             return self._backfill_room(pool, exclude, model)
         return self._with_room(pool, exclude, model=model)
 
-    def _slots(self, pool: Pool) -> float:
-        return sum(self.limits[e.id].limit for e in pool.healthy())
+    def _over_share(self, pool: Pool) -> Callable[[str], bool]:
+        if not self.admission.fair:
+            return lambda tenant: False
+        slots = sum(self.limits[e.id].limit for e in pool.healthy())
+        return self.tenants.over_share(pool.name, slots, pool.queue.all_tenants())
 
     def _may_start(self, pool: Pool) -> Callable[[str], bool]:
-        def may(tenant: str) -> bool:
-            return self.tenants.has_room(tenant) and bool(self._tenant_room(tenant, pool))
+        """Whether a tenant's queued request could start in ``pool`` now (its cap, its share, the room)."""
+        over = self._over_share(pool)
+        spare = bool(self._backfill_room(pool, ()))
+        room = bool(self._with_room(pool, ()))
+        return lambda tenant: self.tenants.has_room(tenant) and (spare if over(tenant) else room)
 
-        return may
+    def _ahead_of(self, req: RouteRequest, pool: Pool) -> Callable[[str], bool]:
+        """Whether a tenant's queued requests may start before ``req``: not at its cap, and not over
+        its share when ``req``'s tenant is under its own (slots freed then go to those under)."""
+        over = self._over_share(pool)
+        if over(req.tenant):
+            return self.tenants.has_room
+        return lambda tenant: self.tenants.has_room(tenant) and not over(tenant)
 
     def _overflow_pools(self, req: RouteRequest) -> list[Pool]:
         if self.classes.is_batch(req.cls):
@@ -425,12 +436,12 @@ class Dispatcher:
         deadline = self._start_deadline(req, pool)
         wait = None
         if req.budget.ttft_s is not None:
-            wait = self._expected_wait(pool, pool.queue.position(req, deadline, self._may_start(pool)), now)
+            wait = self._expected_wait(pool, pool.queue.position(req, deadline, self._ahead_of(req, pool)), now)
             if deadline <= now or (wait is not None and now + wait > deadline):
                 return self._refuse_slo(req, wait)
         if len(pool.queue) >= self.admission.max_queue:
             if wait is None:
-                wait = self._expected_wait(pool, pool.queue.position(req, deadline, self._may_start(pool)), now)
+                wait = self._expected_wait(pool, pool.queue.position(req, deadline, self._ahead_of(req, pool)), now)
             if self.classes.is_batch(req.cls) or pool.queue.depth_of(self.classes.batch_like) == 0:
                 full = f"the {pool.name!r} queue is full"
                 return Rejection(req, Refusal.QUEUE_FULL, full, self._retry_after(wait))

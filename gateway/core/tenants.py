@@ -14,7 +14,7 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 class TenantLoad:
@@ -38,15 +38,21 @@ class TenantLoad:
     def weight(self, tenant: str) -> float:
         return self._weights.get(tenant, 1.0)
 
-    def over_share(self, tenant: str, pool: str, slots: float, queued: Iterable[str]) -> bool:
-        """``tenant`` holds at least its weighted share of the ``slots`` of ``pool`` among the tenants
-        active there now."""
+    def over_share(self, pool: str, slots: float, queued: Iterable[str]) -> Callable[[str], bool]:
+        """Whether a tenant holds at least its weighted share of the ``slots`` of ``pool`` among the
+        tenants active there now (computed once: the test is asked of many tenants in a row)."""
         running = self._in_pool.get(pool, {})
-        active = set(running) | set(queued) | {tenant}
-        if len(active) == 1:
-            return False
+        active = set(running) | set(queued)
         total = sum(self.weight(t) for t in active)
-        return running.get(tenant, 0) >= slots * self.weight(tenant) / total
+
+        def over(tenant: str) -> bool:
+            if not active or active == {tenant}:
+                return False
+            weight = self.weight(tenant)
+            everyone = total if tenant in active else total + weight
+            return running.get(tenant, 0) >= slots * weight / everyone
+
+        return over
 
     def started(self, tenant: str, cap: int | None, weight: float = 1.0, pool: str = "") -> None:
         self.note(tenant, cap, weight)
