@@ -16,8 +16,8 @@ Runs, each with fair queueing (``fair``) and without (``unfair``: one line by de
 4. alone: the noisy tenant at 5x its share with the others idle: it gets the pool (work-conserving).
 
 A tenant over its weighted share of the pool's slots (while others are active) starts only
-where an engine keeps ``admission.backfill_reserve`` of its limit free, so the others find room
-at once; alone, it takes every slot.
+where an engine keeps ``admission.backfill_reserve`` of its limit free and serves no tenant under
+its share, so the others find room at once; alone, it takes every slot.
 
     python benchmarks/fairness.py [--minutes 4] [--out benchmarks/results/fairness]
 """

@@ -20,7 +20,7 @@ Rules:
 - Inside a class, tenants share the queue by weighted fair queueing (``fair_queue``). A tenant
   at its concurrency cap starts nothing more; one at or over its weighted share of a pool's
   slots, while other tenants are active there, starts only where an engine keeps the backfill
-  reserve free (alone, it may take every slot).
+  reserve free and serves no tenant under its share (alone, it may take every slot).
 - Batch requests may also start on engines of the interactive pool (backfill) while those
   keep a reserve of free slots and no interactive request waits. When an interactive
   request finds no room, a restartable (not streamed) backfilled batch request is stopped
@@ -348,9 +348,14 @@ class Dispatcher:
         self, tenant: str, pool: Pool, exclude: Sequence[str] = (), model: str | None = None
     ) -> list[EngineState]:
         """Engines with room for ``tenant``: one at or over its weighted share of the pool's slots
-        leaves the backfill reserve free for tenants under theirs (all of it when alone)."""
-        if self._over_share(pool)(tenant):
-            return self._backfill_room(pool, exclude, model)
+        leaves the backfill reserve free for tenants under theirs and keeps off the engines that
+        serve them (all of the pool when alone)."""
+        over = self._over_share(pool)
+        if over(tenant):
+            room = self._backfill_room(pool, exclude, model)
+            # Packed away from the engines that serve tenants under their share: its prefills
+            # would stall their decode steps.
+            return [e for e in room if not any(not over(d.request.tenant) for d in self._running.get(e.id, ()))]
         return self._with_room(pool, exclude, model=model)
 
     def _over_share(self, pool: Pool) -> Callable[[str], bool]:

@@ -134,12 +134,10 @@ def test_a_full_queue_sheds_the_heaviest_batch_tenant_first():
     assert [o.request.tenant for o in shed] == ["flood"]
 
 
-def test_a_tenant_over_its_share_leaves_room_for_the_others_but_takes_everything_alone():
+def test_a_tenant_over_its_share_keeps_off_the_others_engines_but_takes_everything_alone():
     d = Dispatcher(
-        [PoolSpec("p", ["e0", "e1"], policy="least_loaded")],
-        admission=AdmissionSettings(
-            enabled=True, limits=LimitSettings(initial=4.0, unbudgeted=4.0), backfill_reserve=0.25, fair=True
-        ),
+        [PoolSpec("p", ["e0", "e1", "e2", "e3"], policy="least_loaded")],
+        admission=AdmissionSettings(enabled=True, limits=LimitSettings(initial=2.0, unbudgeted=2.0), fair=True),
         classes=FOUR,
     )
     # Alone, the noisy tenant fills all eight slots: work-conserving.
@@ -147,13 +145,15 @@ def test_a_tenant_over_its_share_leaves_room_for_the_others_but_takes_everything
     assert all(isinstance(o, Dispatch) for o in alone)
     for n, dispatch in enumerate(alone):
         d.finish(dispatch, 1.0 + n)
-    # With another tenant active, past its half of the slots it keeps one slot per engine free ...
+    # With another tenant active, past its half of the slots it starts only where an engine keeps
+    # a slot spare and runs nothing of the other tenant's (its prefills would stall their decoding) ...
     quiet = d.submit(req("quiet"), 10.0).answer
     assert isinstance(quiet, Dispatch)
     noisy = [d.submit(req("noisy"), 10.0).answer for _ in range(8)]
-    assert sum(isinstance(o, Dispatch) for o in noisy) == 5
-    # ... which the other tenant's next requests find at once.
+    assert sum(isinstance(o, Dispatch) for o in noisy) == 4, "its half of the eight slots"
+    # ... and the other tenant's next requests find the room it left.
     assert isinstance(d.submit(req("quiet"), 10.1).answer, Dispatch)
+    assert isinstance(d.submit(req("quiet"), 10.2).answer, Dispatch)
 
 
 def test_without_fairness_the_noisy_tenant_takes_every_slot():
@@ -166,3 +166,17 @@ def test_without_fairness_the_noisy_tenant_takes_every_slot():
     noisy = [d.submit(req("noisy"), 0.0).answer for _ in range(8)]
     assert sum(isinstance(o, Dispatch) for o in noisy) == 7
     assert isinstance(d.submit(req("quiet"), 0.1).answer, Queued)
+
+
+def test_past_its_share_a_tenant_never_joins_an_engine_that_serves_a_tenant_under_its_share():
+    d = Dispatcher(
+        [PoolSpec("p", [f"e{n}" for n in range(4)], policy="least_loaded")],
+        admission=AdmissionSettings(enabled=True, limits=LimitSettings(initial=8.0, unbudgeted=8.0), fair=True),
+        classes=FOUR,
+    )
+    quiet = d.submit(req("quiet"), 0.0).answer
+    noisy = [d.submit(req("noisy"), 0.0).answer for _ in range(32)]
+    started = [o for o in noisy if isinstance(o, Dispatch)]
+    over = started[16:]  # past its half of the 32 slots
+    assert over, "it still gets the spare room of the other engines"
+    assert all(o.engine.id != quiet.engine.id for o in over)
