@@ -352,11 +352,13 @@ class Dispatcher:
         serve them (all of the pool when alone)."""
         over = self._over_share(pool)
         if over(tenant):
-            room = self._backfill_room(pool, exclude, model)
-            # Packed away from the engines that serve tenants under their share: its prefills
-            # would stall their decode steps.
-            return [e for e in room if not any(not over(d.request.tenant) for d in self._running.get(e.id, ()))]
+            return self._apart(self._backfill_room(pool, exclude, model), over)
         return self._with_room(pool, exclude, model=model)
+
+    def _apart(self, engines: list[EngineState], over: Callable[[str], bool]) -> list[EngineState]:
+        """``engines`` that serve no tenant under its share: an over-share tenant's prefills would
+        stall their decode steps."""
+        return [e for e in engines if all(over(d.request.tenant) for d in self._running.get(e.id, ()))]
 
     def _over_share(self, pool: Pool) -> Callable[[str], bool]:
         if not self.admission.fair:
@@ -367,7 +369,7 @@ class Dispatcher:
     def _may_start(self, pool: Pool) -> Callable[[str], bool]:
         """Whether a tenant's queued request could start in ``pool`` now (its cap, its share, the room)."""
         over = self._over_share(pool)
-        spare = bool(self._backfill_room(pool, ()))
+        spare = bool(self._apart(self._backfill_room(pool, ()), over))
         room = bool(self._with_room(pool, ()))
         return lambda tenant: self.tenants.has_room(tenant) and (spare if over(tenant) else room)
 
