@@ -4,9 +4,11 @@ Rules:
 - Only a request whose public name is an alias pays anything here; every other body and answer
   is relayed as it came.
 - The engine's body is serialised again with ``model`` set to the served name.
-- vLLM echoes ``model`` in every answer object and every streamed event (compact JSON, one event
-  per chunk it writes); each occurrence of the served name as ``"model"``'s value becomes the public
-  name, byte for byte, so nothing else of the answer is parsed or changed.
+- vLLM echoes ``model`` in every answer object and every streamed event (compact JSON); each
+  occurrence of the served name as ``"model"``'s value becomes the public name, byte for byte, so
+  nothing else of the answer is parsed or changed.
+- A stream may be cut anywhere between reads: a chunk's tail that could begin an occurrence is
+  held back and sent with the next chunk (or at the end), never more than one pattern's length.
 """
 
 from __future__ import annotations
@@ -40,3 +42,14 @@ class ModelNames:
             if served in data:
                 data = data.replace(served, public)
         return data
+
+    def restore_stream(self, data: bytes) -> tuple[bytes, bytes]:
+        """What of ``data`` (held bytes plus a new chunk) may go now, restored, and what to hold back."""
+        data = self.restore(data)
+        keep = 0
+        for served, _ in self._pairs:
+            for k in range(min(len(served) - 1, len(data)), keep, -1):
+                if data.endswith(served[:k]):
+                    keep = k
+                    break
+        return (data[: len(data) - keep], data[len(data) - keep :]) if keep else (data, b"")

@@ -668,11 +668,20 @@ def _token_events(chunk: bytes) -> int:
 
 
 def _restoring(response: Response, names: ModelNames) -> Callable[[], Awaitable[bytes | None]]:
-    """``response.next_chunk`` with the public model name put back in every chunk."""
+    """``response.next_chunk`` with the public model name put back, whatever the chunks' boundaries."""
+    held = b""
+    ended = False
 
     async def next_chunk() -> bytes | None:
+        nonlocal held, ended
+        if ended:
+            return None
         chunk = await response.next_chunk()
-        return None if chunk is None else names.restore(chunk)
+        if chunk is None:
+            ended = True
+            return held or None
+        out, held = names.restore_stream(held + chunk)
+        return out
 
     return next_chunk
 

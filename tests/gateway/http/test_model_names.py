@@ -25,3 +25,20 @@ def test_the_engine_gets_the_served_name_and_everything_else_unchanged():
     body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "x": [1, 2.5]}
     assert orjson.loads(with_model(body, "llama")) == {**body, "model": "llama"}
     assert body["model"] == "chat"
+
+
+def test_a_stream_cut_anywhere_is_restored_as_if_whole():
+    names = ModelNames("chat", "llama")
+    stream = b"".join(
+        b'data: {"id":"c","model":"llama","choices":[{"delta":{"content":"%d"}}]}\n\n' % i for i in range(3)
+    )
+    whole = names.restore(stream)
+    for cut in range(1, len(stream)):
+        for second in range(cut, len(stream), 7):
+            parts = [stream[:cut], stream[cut:second], stream[second:]]
+            held, out = b"", []
+            for part in parts:
+                sent, held = names.restore_stream(held + part)
+                out.append(sent)
+            assert b"".join(out) + held == whole
+            assert len(held) < len(b'"model": "llama"')
