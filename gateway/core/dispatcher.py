@@ -234,6 +234,9 @@ class Dispatcher:
         engines hold, its load adds to this replica's view. Engines this replica does not know are
         ignored. Returns the facts applied and the publisher's batches missed before this one."""
         missed = self.peers.heard(batch.publisher, batch.sequence, now)
+        # Load first: the facts' prompts are in it, and the index makes room for them by it.
+        known = {e: load for e, load in batch.learned.load.items() if e in self._engines}
+        self._peer_load_changed(self.peers.report(batch.publisher, known, batch.learned.full))
         applied = 0
         for fact in batch.learned.facts:
             engine = self._engines.get(fact.engine)
@@ -241,8 +244,6 @@ class Dispatcher:
             if learn:
                 learn(fact, engine)
                 applied += 1
-        known = {e: load for e, load in batch.learned.load.items() if e in self._engines}
-        self._peer_load_changed(self.peers.report(batch.publisher, known, batch.learned.full))
         return applied, missed
 
     def expire_peers(self, now: float, silent_s: float) -> None:
