@@ -2,6 +2,7 @@
 #
 #   docker build -t priority-gateway .
 #   docker build --build-arg EXTRAS=[precise] -t priority-gateway .   # precise prefix mode (tokenizers)
+#   docker build --build-arg EXTRAS=[otel] -t priority-gateway .      # OpenTelemetry tracing (OTEL_* variables)
 #   docker run -p 127.0.0.1:8080:8080 priority-gateway         # embedded default: simulated engines
 #   docker run ... priority-gateway serve --config /etc/gateway/gateway.yaml
 #   docker run ... --entrypoint python priority-gateway -m engines.sim --host 0.0.0.0 --port 8000 ...

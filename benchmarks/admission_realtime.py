@@ -92,7 +92,7 @@ async def live(gateway_url: str, minutes: float, workers: int) -> dict:
     await flood_task
     elapsed = time.monotonic() - start
     summary = stats.summarize(samples, 500.0, 50.0)
-    refused = sum(1 for s in samples if s.error and s.error.startswith("429"))
+    refused = sum(1 for s in samples if s.refused is not None)
     return {
         "interactive": summary,
         "interactive_requests": len(samples),

@@ -51,6 +51,10 @@ def body(stream: bool) -> str:
     return json.dumps(payload)
 
 
+def case_key(stream: bool, concurrency: int) -> str:
+    return f"{'stream' if stream else 'nostream'}_c{concurrency}"
+
+
 def taskset(cpu: str, cmd: list[str]) -> list[str]:
     return ["taskset", "-c", cpu, *cmd] if shutil.which("taskset") and os.cpu_count() and os.cpu_count() > 1 else cmd
 
@@ -85,13 +89,12 @@ def start_engine(tmp: Path) -> Proc:
     return Proc(cmd, f"http://127.0.0.1:{port}", tmp / "engine.log").start().wait_ready()
 
 
-def start_gateway(tmp: Path, engine: str, source: Path | None = None) -> Proc:
+def start_gateway(tmp: Path, engine: str, source: Path | None = None, log_level: str = "warning") -> Proc:
     """The gateway of this checkout, or of the checkout at ``source`` (a baseline to compare with)."""
     port = free_port()
     config = tmp / "gateway.yaml"
-    config.write_text(
-        f"pools:\n  interactive:\n    engines: ['{engine}']\n  batch:\n    engines: ['{engine}']\nlog_level: warning\n"
-    )
+    pools = f"pools:\n  interactive:\n    engines: ['{engine}']\n  batch:\n    engines: ['{engine}']\n"
+    config.write_text(pools + f"log_level: {log_level}\n")
     args = ["serve", "--config", str(config), "--port", str(port)]
     if source is None:
         cmd = [sys.executable, "-m", "gateway", *args]
@@ -141,6 +144,16 @@ def main() -> None:
     parser.add_argument(
         "--baseline", default=None, help="also measure the gateway of this checkout (another commit), as 'baseline'"
     )
+    parser.add_argument(
+        "--cases",
+        default="nostream_c1,nostream_c64,stream_c1,stream_c64",
+        help="which measurements, of nostream_c1, nostream_c64, stream_c1, stream_c64",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        help="the gateways' log_level: info writes an access line per request (default: warning, none)",
+    )
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed: apt-get install wrk")
@@ -155,19 +168,20 @@ def main() -> None:
         try:
             wanted = args.targets.split(",")
             if "gateway" in wanted:
-                gw = start_gateway(tmp, engine.url)
+                gw = start_gateway(tmp, engine.url, log_level=args.log_level)
                 procs.append(gw)
                 targets["gateway"] = gw.url
             if args.baseline:
                 wanted.append("baseline")
-                base = start_gateway(tmp, engine.url, Path(args.baseline).resolve())
+                base = start_gateway(tmp, engine.url, Path(args.baseline).resolve(), args.log_level)
                 procs.append(base)
                 targets["baseline"] = base.url
             if "vllm-router" in wanted and Path(args.router_bin).exists():
                 router = start_router(tmp, engine.url, args.router_bin)
                 procs.append(router)
                 targets["vllm-router"] = router.url
-            cases = [(stream, c) for stream in (False, True) for c in (1, 64)]
+            chosen = args.cases.split(",")
+            cases = [(s, c) for s in (False, True) for c in (1, 64) if case_key(s, c) in chosen]
             total = len(cases) * len(targets) * args.rounds
             n = 0
             rounds: dict[str, dict[str, list[dict]]] = {}
@@ -178,7 +192,7 @@ def main() -> None:
                         if name not in wanted:
                             continue
                         n += 1
-                        key = f"{'stream' if stream else 'nostream'}_c{concurrency}"
+                        key = case_key(stream, concurrency)
                         print(f"[{n}/{total}] {name:12s} {key} ...", end=" ", flush=True)
                         run_wrk(url, stream, concurrency, 1.0, tmp)  # warm-up
                         r = run_wrk(url, stream, concurrency, args.duration, tmp)
@@ -233,10 +247,12 @@ def plot(results: dict[str, dict], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    keys = ["nostream_c64", "stream_c64"]
     names = list(results)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key in zip(axes, keys, strict=True):
+    keys = [k for k in ("nostream_c64", "stream_c64") if all(k in results[n] for n in names)]
+    if not keys:
+        return
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
         colors = ["grey", "tab:blue", "tab:orange", "tab:green"][: len(names)]
         ax.bar(names, [results[n][key]["rps"] for n in names], color=colors)
         ax.set_title(f"{key.replace('_', ', ')}: requests/s")

@@ -7,10 +7,10 @@ Rules:
   with ``Retry-After``.
 - Tokens per minute count the prompt (estimated at admission) and the completion: from the
   response's ``usage`` when it has one (for streams, the final usage chunk that
-  ``stream_options.include_usage`` asks for), else ``max_tokens`` for a stream that ran to
-  its end, else one per streamed event. Completion tokens are charged once, when the
-  response ends, however it ends: a stream the client leaves early, or that breaks, is
-  charged for what it streamed until then.
+  ``stream_options.include_usage`` asks for, or a Responses stream's ``response.completed``),
+  else ``max_tokens`` for a stream that ran to its end, else one per streamed event. Completion
+  tokens are charged once, when the response ends, however it ends: a stream the client leaves
+  early, or that breaks, is charged for what it streamed until then.
 - Keys without limits cost nothing: no store call, no wrapper around the response.
 - If the store cannot be reached, requests are admitted (limits fail open) and the store is
   not asked again for ``breaker_s``, so an outage does not slow interactive traffic.
@@ -29,7 +29,8 @@ from gateway.core.request import RouteRequest
 from gateway.errors import ApiError
 from gateway.store import Store, StoreUnavailable
 
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+# Chat and completions say completion_tokens; the Responses API says output_tokens.
+_COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 _TAIL = 64
 
 

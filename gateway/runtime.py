@@ -11,6 +11,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from gateway import log
 from gateway.auth import Authenticator
@@ -38,6 +39,9 @@ from gateway.upstream.h1 import EngineClient
 from gateway.upstream.kv_feed import KVFeed
 from gateway.upstream.monitor import EngineMonitor
 
+if TYPE_CHECKING:
+    from gateway.http.tracing import Tracing
+
 POLL_INTERVAL_S = 0.05
 
 
@@ -50,6 +54,7 @@ def admission_settings(config: Config) -> AdmissionSettings:
         interval_s=a.interval_s,
         cooldown_s=a.cooldown_s,
         window_s=a.window_s,
+        recover_s=a.recover_s,
         min_samples=a.min_samples,
         unbudgeted=a.unbudgeted_limit,
     )
@@ -127,6 +132,8 @@ class Gateway:
         self._waiters: dict[str, asyncio.Future[Outcome]] = {}
         self._poller: asyncio.Task[None] | None = None
         self.on_stop: list[Callable[[], None]] = []
+        self.tracing: Tracing | None = None
+        """OpenTelemetry tracing, when the environment asks for it (``gateway.http.tracing``)."""
         self.precise: dict[str, PrecisePool] = {
             name: PrecisePool(name, pool.tokenizer or "sim", self.dispatcher)
             for name, pool in config.pools.items()
@@ -223,6 +230,10 @@ class Gateway:
         while True:
             await asyncio.sleep(POLL_INTERVAL_S)
             self.settle(self.dispatcher.poll(time.monotonic()))
+            for change in self.dispatcher.take_limit_changes():
+                log.info(
+                    "concurrency_limit", engine=change.engine, old=change.old, new=change.new, reason=change.reason
+                )
 
     # -- models ------------------------------------------------------------------------
 

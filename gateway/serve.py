@@ -12,6 +12,7 @@ from gateway.config.env import PREFIX, unread
 from gateway.embedded import EmbeddedEngines
 from gateway.http.app import GatewayApp
 from gateway.http.connection import fit_descriptors, protocol_class
+from gateway.http.tracing import from_environment
 from gateway.keys.admin import with_admin_key
 from gateway.limits import ClientLimits
 from gateway.runtime import Gateway
@@ -68,7 +69,12 @@ async def serve(config_path: str | None, host: str | None, port: str | None, log
                 "environment_not_read", variables=",".join(ignored), why=f"overrides are {PREFIX}<SECTION>__<KEY>"
             )
         config = with_admin_key(config)
+        tracing = from_environment()
         gateway = Gateway(config)
+        if tracing is not None:
+            gateway.tracing = tracing
+            gateway.on_stop.append(tracing.shutdown)
+            log.info("tracing_on", exporters=",".join(tracing.exporters))
         if embedded is not None:
             # uvicorn re-raises SIGTERM after its graceful shutdown, so a ``finally`` would not run:
             # stop the engines in the lifespan shutdown instead.

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from gateway.core.prefix import token_prompt
+from gateway.core.prefix import response_messages, token_prompt
 
 
 class PromptTokenizer(Protocol):
@@ -79,6 +79,8 @@ def prompt_token_ids(tokenizer: PromptTokenizer, body: Mapping[str, Any]) -> lis
     messages = body.get("messages")
     if messages is not None:
         return tokenizer.chat(messages)
+    if "input" in body and "prompt" not in body:
+        return tokenizer.chat(response_messages(body.get("instructions"), body["input"]))
     ids = token_prompt(body)
     if ids is not None:
         return ids

@@ -41,6 +41,7 @@ NOT_RUN = {
     "gateway serve --config examples/gateway.yaml",
     "GATEWAY__STORE=redis://localhost:6379/0 GATEWAY__POOLS__BATCH__POLICY=least_loaded"
     " gateway serve --config gateway.yaml",
+    "OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 OTEL_SERVICE_NAME=gateway gateway serve --config gateway.yaml",
     "gateway keys create --name nightly-jobs --classes batch --rpm 600 --tpm 2000000 --config gateway.yaml",
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True python -m engines.sim --port 8001 --model /models/llama-8b \\",
     "gateway sim --trace benchmarks/traces/mooncake/conversation_trace.jsonl --engines 8 --admission off \\",

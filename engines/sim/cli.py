@@ -17,6 +17,7 @@ from engines.sim.profile import available_profiles, load_profile
 from engines.sim.protocol import ApiError
 from engines.sim.realtime import RealtimeDriver
 from engines.sim.server import SimServer
+from engines.sim.tracing import RequestTracer
 
 DEFAULT_PROFILE = "default"
 
@@ -58,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-prompt-tokens-details", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-level", default="warning")
+    p.add_argument(
+        "--otlp-traces-endpoint",
+        default=None,
+        help="send a span per request to this OTLP endpoint, under the caller's traceparent (as vllm serve)",
+    )
     p.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this key (as vllm serve)")
     p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (as vllm serve)")
     return p
@@ -99,6 +105,7 @@ def build_server(args: argparse.Namespace) -> SimServer:
         prompt_tokens_details=args.enable_prompt_tokens_details,
         on_shutdown=publisher.close if publisher else None,
         models=models,
+        tracer=RequestTracer(args.otlp_traces_endpoint) if args.otlp_traces_endpoint else None,
     )
 
 

@@ -13,6 +13,8 @@ Rules:
 - A streamed response sends one chunk per engine step that gave the request tokens (the role
   chunk of a chat goes with the first tokens), then the usage chunk when asked, then ``[DONE]``.
 - The ``priority`` field is checked always but only reaches the engine under the priority policy.
+- With a ``RequestTracer`` (``--otlp-traces-endpoint``), every generation request that ends is
+  an ``llm_request`` span under the trace context of its ``traceparent`` header (``tracing``).
 - With ``VLLM_SERVER_DEV_MODE=1`` (as vLLM), ``POST /reset_prefix_cache`` forgets every cached
   block; like vLLM it answers 200 even when blocks still in use keep it from resetting.
 """
@@ -35,6 +37,7 @@ from engines.sim.models import ServedModels
 from engines.sim.protocol import CHAT, COMPLETION, ApiError, ParsedRequest
 from engines.sim.realtime import RealtimeDriver, Stream
 from engines.sim.responses import ResponsesRequest
+from engines.sim.tracing import RequestTracer, trace_headers
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -59,6 +62,7 @@ class SimServer:
         prompt_tokens_details: bool = False,
         on_shutdown: Callable[[], None] | None = None,
         models: ServedModels | None = None,
+        tracer: RequestTracer | None = None,
     ) -> None:
         self.driver = driver
         self.core: EngineCore = driver.core
@@ -67,6 +71,7 @@ class SimServer:
         self.seed = seed
         self.prompt_tokens_details = prompt_tokens_details
         self.on_shutdown = on_shutdown
+        self.tracer = tracer
         self.metrics = MetricsPage(self.core, created=time.time(), wall_offset=time.time() - driver.clock())
         self.takes_priority = self.core.scheduling_policy == PRIORITY
         self.keep_token_ids = self.core.kv_events is not None
@@ -90,6 +95,8 @@ class SimServer:
                 await self.driver.stop()
                 if self.on_shutdown is not None:
                     self.on_shutdown()
+                if self.tracer is not None:
+                    self.tracer.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -97,12 +104,13 @@ class SimServer:
         path = scope["path"]
         method = scope["method"]
         if method == "POST":
+            trace = trace_headers(scope["headers"]) if self.tracer is not None else None
             if path == "/v1/chat/completions":
-                return await self._generate(CHAT, receive, send)
+                return await self._generate(CHAT, receive, send, trace)
             if path == "/v1/completions":
-                return await self._generate(COMPLETION, receive, send)
+                return await self._generate(COMPLETION, receive, send, trace)
             if path == "/v1/responses":
-                return await self._responses(receive, send)
+                return await self._responses(receive, send, trace)
             if path == "/v1/embeddings":
                 return await self._embeddings(receive, send)
             if path == "/reset_prefix_cache" and self.dev_mode:
@@ -171,7 +179,7 @@ class SimServer:
             return await _respond(send, exc.status, exc.body())
         await _respond(send, 200, payload)
 
-    async def _generate(self, kind: str, receive: Receive, send: Send) -> None:
+    async def _generate(self, kind: str, receive: Receive, send: Send, trace: dict[str, str] | None = None) -> None:
         try:
             body = protocol.parse_body(await _read_body(receive))
             adapter = self.models.resolve(body.get("model"))
@@ -180,7 +188,7 @@ class SimServer:
         except ApiError as exc:
             return await _respond(send, exc.status, exc.body())
         reply = self._stream if req.stream else self._complete
-        await self._serve(req, adapter, receive, lambda stream, seed: reply(req, stream, seed, send))
+        await self._serve(req, adapter, receive, lambda stream, seed: reply(req, stream, seed, send), trace)
 
     async def _serve(
         self,
@@ -188,8 +196,10 @@ class SimServer:
         adapter: LoraAdapter | None,
         receive: Receive,
         reply: Callable[[Stream, int], Awaitable[None]],
+        trace: dict[str, str] | None = None,
     ) -> None:
         """Run one request in the engine while ``reply(stream, reply_seed)`` answers the client."""
+        arrival_ns = time.time_ns()
         engine_req, reply_seed = self._engine_request(req, adapter)
         delay = self.core.profile.timing.request_s(req.prompt_tokens)
         if delay > 0:
@@ -202,6 +212,14 @@ class SimServer:
             self.driver.abort(req.id)
         finally:
             watcher.cancel()
+        if trace is not None and self.tracer is not None:
+            attributes = {
+                "gen_ai.request.id": req.id,
+                "gen_ai.response.model": req.model,
+                "gen_ai.usage.prompt_tokens": req.prompt_tokens,
+                "gen_ai.usage.completion_tokens": stream.total,
+            }
+            self.tracer.finished(trace, arrival_ns, attributes)
 
     def _engine_request(self, req: ParsedRequest, adapter: LoraAdapter | None = None) -> tuple[EngineRequest, int]:
         bs = self.core.block_size
@@ -229,7 +247,7 @@ class SimServer:
         )
         return engine_req, reply_seed
 
-    async def _responses(self, receive: Receive, send: Send) -> None:
+    async def _responses(self, receive: Receive, send: Send, trace: dict[str, str] | None = None) -> None:
         try:
             body = protocol.parse_body(await _read_body(receive))
             adapter = self.models.resolve(body.get("model"))
@@ -238,7 +256,7 @@ class SimServer:
         except ApiError as exc:
             return await self._error(send, exc)
         reply = self._stream_response if resp.parsed.stream else self._complete_response
-        await self._serve(resp.parsed, adapter, receive, lambda stream, seed: reply(resp, stream, seed, send))
+        await self._serve(resp.parsed, adapter, receive, lambda stream, seed: reply(resp, stream, seed, send), trace)
 
     async def _complete_response(self, resp: ResponsesRequest, stream: Stream, seed: int, send: Send) -> None:
         reason = await stream.until_finished()

@@ -66,8 +66,19 @@ class LineResponse:
     body: bytes
 
 
-# (endpoint, body, owner, request id) -> the gateway's answer
-Executor = Callable[[str, bytes, str, str], Awaitable[LineResponse]]
+@dataclass(frozen=True, slots=True)
+class LineCall:
+    """One run of one batch line through the gateway's request path."""
+
+    endpoint: str
+    body: bytes
+    owner: str
+    request_id: str
+    batch_id: str
+    custom_id: str
+
+
+Executor = Callable[[LineCall], Awaitable[LineResponse]]
 
 
 def output_file_ids(batch_id: str) -> tuple[str, str]:
@@ -314,7 +325,8 @@ class BatchRunner:
         crashed = False
         try:
             try:
-                answer = await self.execute(record.endpoint, claim.body, record.owner, line_id)
+                call = LineCall(record.endpoint, claim.body, record.owner, line_id, record.id, claim.custom_id)
+                answer = await self.execute(call)
             except Exception:
                 # The gateway's own request path broke on this line: running it again would break again.
                 log.error("batch_line_crashed", batch_id=record.id, line=claim.index, exc_info=True)

@@ -36,7 +36,7 @@ from gateway.store.records import (
     Page,
 )
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 WINDOWS = ("24h",)
 PURPOSES = ("batch",)
 

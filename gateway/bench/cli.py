@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import secrets
 import shlex
@@ -137,8 +138,12 @@ def _row(label: str, samples: list[loadgen.Sample], args: argparse.Namespace, cp
 
 
 def _summary(row: dict[str, Any]) -> str:
-    keys = ("completed", "errors", "ttft_p99_ms", "itl_p99_ms", "output_tokens_per_s", "slo_attainment")
-    return " ".join(f"{key}={row[key]}" for key in keys)
+    keys = ("completed", "refused", "errors", "ttft_p99_ms", "itl_p99_ms", "output_tokens_per_s", "slo_attainment")
+    line = " ".join(f"{key}={row[key]}" for key in keys)
+    for kind in ("refused", "errors"):
+        if row[kind]:
+            line += f" {kind}_by_code={json.dumps(row[f'{kind}_by_code'], separators=(',', ':'))}"
+    return line
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -10,13 +10,18 @@ Rules:
   with ``--enable-prompt-tokens-details``) are kept: how much of each prompt the engine had cached.
 - A status other than 200, an error event inside the stream, or a transport failure is an
   error, keyed ``"<status> <code>"`` (``"404 model_not_found"``), ``"stream <code>"``,
-  ``"connect"``, ``"timeout"`` or ``"transport"``.
+  ``"connect"``, ``"timeout"`` or ``"transport"``; except a 429, which is a refusal (the endpoint
+  protecting its budgets or limits, not failing), keyed the same way and kept apart, with the
+  ``Retry-After`` it asked for.
 - Closed loop at concurrency c: c clients each send, read to the end and send again. Client i
   starts ``ramp_up * i / c`` seconds in (spread starts desynchronize the clients at once; started
   together, their prefills collide for several rounds). A client's first request is warm-up.
   Requests sent in the ``duration`` seconds after the ramp-up are measured; after it the clients
   keep the load up with cool-down requests, cancelled once every measured request has finished,
-  so every measured request ran among c streams.
+  so every measured request ran among c streams. A client that was refused waits what
+  ``Retry-After`` asks (1 s without one, at most ``MAX_RETRY_AFTER_S``) before it sends again, as
+  a well-behaved client does; a client that resent at once would measure only how fast the
+  endpoint can say no.
 - Open loop: each request is sent at its arrival time whatever is in flight; all are measured,
   and how late the client sent each one is kept (``lag``) to show the client kept up.
 """
@@ -34,6 +39,7 @@ from gateway.bench.workload import RequestSpec, SyntheticWorkload, TraceArrival
 from gateway.upstream.h1 import ConnectError, EngineClient, ReadTimeout, UpstreamError
 
 now = time.perf_counter
+MAX_RETRY_AFTER_S = 60.0
 
 
 @dataclass(slots=True, eq=False)
@@ -51,6 +57,8 @@ class Sample:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     error: str | None = None
+    refused: str | None = None
+    retry_after: float | None = None
     lag: float = 0.0
 
 
@@ -112,6 +120,15 @@ class _EventReader:
         return [line[5:].strip() for line in lines if line.startswith(b"data:")]
 
 
+def _retry_after(value: bytes | None) -> float:
+    """Seconds a ``Retry-After`` header asks for (its HTTP-date form is not used by gateways: 1 s)."""
+    try:
+        seconds = float(value) if value is not None else 1.0
+    except ValueError:
+        seconds = 1.0
+    return min(MAX_RETRY_AFTER_S, max(0.0, seconds))
+
+
 def _content(event: dict[str, object]) -> bool:
     choices = event.get("choices")
     if not choices or not isinstance(choices, list):
@@ -142,7 +159,11 @@ async def stream_one(target: Target, spec: RequestSpec, sample: Sample) -> None:
                 payload = orjson.loads(text)
             except orjson.JSONDecodeError:
                 payload = None
-            sample.error = _error_key(str(response.status), payload)
+            key = _error_key(str(response.status), payload)
+            if response.status == 429:
+                sample.refused, sample.retry_after = key, _retry_after(response.header(b"retry-after"))
+            else:
+                sample.error = key
             return
         reader = _EventReader()
         while (data := await response.next_chunk()) is not None:
@@ -207,6 +228,8 @@ async def closed_loop(
             outstanding -= counted
             check()
             warmup = False
+            if sample.retry_after is not None:
+                await asyncio.sleep(sample.retry_after)
 
     timer = loop.call_at(loop.time() + ramp_up + duration, check)
     clients = [loop.create_task(client(ramp_up * i / concurrency)) for i in range(concurrency)]

@@ -28,6 +28,7 @@ class Progress:
         self.interval = 0.5 if self.tty else 5.0
         self.done = 0
         self.errors = 0
+        self.refused = 0
         self._start = time.monotonic()
         self._last = (self._start, 0)
         self._rate = 0.0
@@ -35,6 +36,7 @@ class Progress:
     def add(self, sample: Sample) -> None:
         self.done += 1
         self.errors += sample.error is not None
+        self.refused += sample.refused is not None
 
     def _fraction(self, elapsed: float) -> float:
         if self.total:
@@ -54,13 +56,16 @@ class Progress:
             total = f"/{self.total}" if self.total else ""
             return (
                 f"bench_progress run={self.label} done={self.done}{total} rate_rps={self._rate:.2f} "
-                f"errors={self.errors} elapsed_s={elapsed:.1f}"
+                f"refused={self.refused} errors={self.errors} elapsed_s={elapsed:.1f}"
             )
         filled = round(self._fraction(elapsed) * _BAR)
         bar = "#" * filled + "-" * (_BAR - filled)
         count = f"{self.done}/{self.total}" if self.total else f"{self.done}"
         clock = f" {elapsed:5.1f}/{self.duration:g} s" if self.duration else f" {elapsed:5.1f} s"
-        return f"\r{self.label} [{bar}] {count} done{clock}  {self._rate:6.2f} req/s  errors {self.errors}  "
+        return (
+            f"\r{self.label} [{bar}] {count} done{clock}  {self._rate:6.2f} req/s  "
+            f"refused {self.refused}  errors {self.errors}  "
+        )
 
     def _write(self, text: str) -> None:
         self.out.write(text if self.tty else text + "\n")

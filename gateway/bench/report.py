@@ -2,8 +2,8 @@
 
 The PNG has four panels over the runs (concurrency levels or traces): TTFT p50/p99 and ITL
 p50/p99 against their budget lines (lines across the levels of a concurrency sweep, bars for
-traces or a single run), output and goodput throughput, SLO attainment with the error counts
-(bars: one value per run). Latency axes are logarithmic with plain tick labels (20, 50, 100).
+traces or a single run), output and goodput throughput, SLO attainment with the error and refusal
+counts (bars: one value per run). Latency axes are logarithmic with plain tick labels (20, 50, 100).
 The HTML is one self-contained file: the PNG inlined as base64, a table of the numbers and the
 command line that produced them. Without matplotlib the PNG is skipped and the HTML has the
 table only.
@@ -25,6 +25,7 @@ COLUMNS = (
     ("run", "label"),
     ("requests", "requests"),
     ("completed", "completed"),
+    ("refused", "refused"),
     ("errors", "errors"),
     ("TTFT p50 ms", "ttft_p50_ms"),
     ("TTFT p90 ms", "ttft_p90_ms"),
@@ -115,11 +116,14 @@ def figure(results: dict[str, Any]) -> Figure:
     ax_slo.set_ylabel("% of requests meeting TTFT and ITL budgets")
     ax_err = ax_slo.twinx()
     errors = [r["errors"] for r in runs]
-    ax_err.bar([x + width / 2 for x in xs], errors, width, color="tab:red", alpha=0.6, label="errors")
-    ax_err.set_ylabel("errors")
-    ax_err.set_ylim(0, max(1, *errors) * 1.1)
+    refused = [r.get("refused", 0) for r in runs]
+    right = [x + width / 2 for x in xs]
+    ax_err.bar(right, errors, width, color="tab:red", alpha=0.6, label="errors")
+    ax_err.bar(right, refused, width, bottom=errors, color="tab:orange", alpha=0.6, label="refused")
+    ax_err.set_ylabel("errors, refused")
+    ax_err.set_ylim(0, max(1, *(e + n for e, n in zip(errors, refused, strict=True))) * 1.1)
     ax_err.yaxis.get_major_locator().set_params(integer=True)
-    ax_slo.set_title("SLO attainment and errors")
+    ax_slo.set_title("SLO attainment, errors and refusals")
     lines, names = ax_slo.get_legend_handles_labels()
     more, more_names = ax_err.get_legend_handles_labels()
     ax_slo.legend(lines + more, names + more_names, fontsize=8)
@@ -143,17 +147,25 @@ def _cell(value: Any) -> str:
     return html.escape(str(value))
 
 
+_REFUSED = "429: the endpoint keeping its budgets or limits; each client waited what Retry-After asked."
+
+
+def _by_code(runs: list[dict[str, Any]], kind: str) -> str:
+    return "".join(
+        f"<li>{html.escape(run['label'])}: {html.escape(json.dumps(run[f'{kind}_by_code']))}</li>"
+        for run in runs
+        if run.get(kind)
+    )
+
+
 def render_html(results: dict[str, Any], png: Path | None) -> str:
     head = "".join(f"<th>{html.escape(name)}</th>" for name, _ in COLUMNS)
     rows = "".join(
         "<tr>" + "".join(f"<td>{_cell(run.get(key, ''))}</td>" for _, key in COLUMNS) + "</tr>"
         for run in results["runs"]
     )
-    errors = "".join(
-        f"<li>{html.escape(run['label'])}: {html.escape(json.dumps(run['errors_by_code']))}</li>"
-        for run in results["runs"]
-        if run["errors"]
-    )
+    errors = _by_code(results["runs"], "errors")
+    refused = _by_code(results["runs"], "refused")
     image = ""
     if png is not None:
         data = base64.b64encode(png.read_bytes()).decode()
@@ -176,6 +188,7 @@ Budgets: TTFT p99 {budget["ttft_p99_ms"]:g} ms, ITL p99 {budget["itl_p99_ms"]:g}
 <pre>{html.escape(results["command"])}</pre>
 {image}
 <table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>
+{f"<h2>Refused</h2><p>{_REFUSED}</p><ul>{refused}</ul>" if refused else ""}
 {f"<h2>Errors</h2><ul>{errors}</ul>" if errors else ""}
 </body></html>
 """

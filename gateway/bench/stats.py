@@ -9,8 +9,12 @@ Rules:
   tokens (each request's count spread evenly over its content events), per second.
 - A request meets the SLO when it completed, its TTFT is within the TTFT budget and the p99 of
   its own inter-token gaps is within the ITL budget. SLO attainment is the share of measured
-  requests that meet it (errors count against it). Goodput is throughput times the share of the
-  measured requests' completions (requests/s) or output tokens (tokens/s) that met the SLO.
+  requests that meet it (errors and refusals count against it). Goodput is throughput times the
+  share of the measured requests' completions (requests/s) or output tokens (tokens/s) that met
+  the SLO.
+- Refusals (429: the endpoint keeping its budgets or limits) are counted by code apart from
+  errors; a run meets its SLO when nothing failed and the p99s are within budget, whatever it
+  refused.
 - Prefix hits are the engine's own word, per request: ``cached_tokens`` of its usage. The cached
   token ratio is cached over prompt tokens of the completed requests that reported them (token
   weighted); the per-request ratios' mean and median weigh every request alike. Absent when no
@@ -36,7 +40,7 @@ def gaps(sample: Sample) -> list[float]:
 
 
 def completed(sample: Sample) -> bool:
-    return sample.error is None and not sample.cancelled and sample.done is not None
+    return sample.error is None and sample.refused is None and not sample.cancelled and sample.done is not None
 
 
 def tokens(sample: Sample) -> int:
@@ -82,6 +86,7 @@ def summarize(samples: Sequence[Sample], ttft_budget_ms: float, itl_budget_ms: f
         measured = [s for s in samples if s.warmup and not s.cancelled]
     done = [s for s in measured if completed(s)]
     errors = Counter(s.error for s in measured if s.error is not None)
+    refused = Counter(s.refused for s in measured if s.refused is not None)
     ends = [s.done for s in measured if s.done is not None]
     start = min((s.sent for s in measured), default=0.0)
     window = max(ends) - start if ends else 0.0
@@ -97,6 +102,8 @@ def summarize(samples: Sequence[Sample], ttft_budget_ms: float, itl_budget_ms: f
         "completed": len(done),
         "errors": sum(errors.values()),
         "errors_by_code": dict(errors.most_common()),
+        "refused": sum(refused.values()),
+        "refused_by_code": dict(refused.most_common()),
         "warmup_only": warmup_only,
         "window_s": round(window, 3),
         **_quantiles("ttft", [(s.chunks[0] - s.sent) * 1000.0 for s in done if s.chunks]),

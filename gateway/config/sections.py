@@ -231,9 +231,13 @@ class AdmissionConfig:
     cooldown_s: Annotated[float, NotNegative] = _LIMITS.cooldown_s
     """After a shrink, no further shrink for this long."""
     window_s: Seconds = _LIMITS.window_s
-    """Length of the sliding window of ITL and TTFT samples whose p99 is compared with the budget."""
+    """Length of the sliding window of ITL samples compared with the budget: only evidence this fresh
+    shrinks a limit."""
     min_samples: Annotated[int, Ge(1)] = _LIMITS.min_samples
     """Samples a window needs before its p99 is trusted."""
+    recover_s: Seconds = _LIMITS.recover_s
+    """A limit below ``initial_limit`` climbs back one step each time this passes without a shrink and
+    without the next level found over budget (an idle engine's limit returns to the probe level)."""
     unbudgeted_limit: Annotated[float, Positive] = _LIMITS.unbudgeted
     """Fixed concurrency limit of engines whose class has no ITL budget."""
     max_queue: Annotated[int, NotNegative] = _ADMISSION.max_queue
@@ -367,6 +371,9 @@ class Config:
     """The older spelling of ``limits.max_body_bytes``, read when that is not set."""
     log_level: LogLevel = "info"
     """Level of the gateway's structured log on stderr (``--log-level`` overrides it)."""
+    access_log: bool = True
+    """One ``event=access`` line per inference request and batch line, at info level: request id,
+    key, class, pool, engine, status, admission, queue wait, TTFT, tokens, duration, bytes sent."""
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     scrape: ScrapeConfig = field(default_factory=ScrapeConfig)

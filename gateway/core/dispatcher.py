@@ -27,6 +27,7 @@ Rules:
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +38,7 @@ from gateway.core.queue import WaitQueue
 from gateway.core.request import RouteRequest
 from gateway.core.routing import Choice, Policy, make_policy
 from gateway.core.sharing import Batch, EngineLoad, Learned, Peers
+from gateway.core.slots import FullEngine, Running, SlotTimes
 from gateway.core.ttft_model import TTFTModel
 
 
@@ -107,6 +109,14 @@ class Preempted:
 Outcome = Dispatch | Queued | Rejection | Preempted
 
 
+@dataclass(slots=True, frozen=True)
+class LimitChange:
+    engine: str
+    old: float
+    new: float
+    reason: str
+
+
 class Pool:
     def __init__(self, spec: PoolSpec) -> None:
         self.name = spec.name
@@ -116,8 +126,8 @@ class Pool:
         self.policy: Policy = make_policy(spec.policy, **spec.policy_options)
         self.engines: list[EngineState] = [EngineState(url, spec.name) for url in spec.engines]
         self.queue = WaitQueue()
-        self.service_s: float | None = None
         self.ttft_model = TTFTModel()
+        self.slots = SlotTimes()
 
     def healthy(self, exclude: Iterable[str] = ()) -> list[EngineState]:
         if exclude:
@@ -130,9 +140,6 @@ class Pool:
         self.engines = [known.get(url) or EngineState(url, self.name) for url in urls]
         for gone in set(known) - set(urls):
             self.policy.forget(gone)
-
-    def observe_service(self, seconds: float) -> None:
-        self.service_s = seconds if self.service_s is None else 0.95 * self.service_s + 0.05 * seconds
 
 
 class Dispatcher:
@@ -157,6 +164,9 @@ class Dispatcher:
         self._queued_pool: dict[str, Pool] = {}
         self._notices: list[Outcome] = []
         self._backfilled: dict[str, list[Dispatch]] = {}
+        self._running: dict[str, set[Dispatch]] = {}
+        # Bounded: a driver that never reads them (the simulator) keeps only the latest.
+        self._limit_changes: deque[LimitChange] = deque(maxlen=1024)
         # Sharing with other replicas (off until ``share_learning``).
         self._load_changed: set[str] | None = None
         self.peers = Peers()
@@ -171,6 +181,8 @@ class Dispatcher:
                 self.limits[engine_id] = ConcurrencyLimit(self._engine_budget(engine.pool), self.admission.limits, now)
         for gone in set(self.limits) - set(self._engines):
             del self.limits[gone]
+        for gone in set(self._running) - set(self._engines):
+            del self._running[gone]
 
     def _engine_budget(self, pool: str) -> float | None:
         """The tightest ITL budget among the classes whose home is this pool."""
@@ -198,6 +210,8 @@ class Dispatcher:
         if engine is not None:
             engine.apply_scrape(metrics, now)
             self.pools[engine.pool].policy.scraped(engine)
+            if metrics.itl_buckets:
+                self.limits[engine_id].observe_engine_itl(metrics.itl_buckets, now)
 
     def apply_kv_events(self, engine_id: str, events: Sequence[object], now: float, restarted: bool = False) -> None:
         """An engine's KV cache events (precise prefix mode)."""
@@ -299,6 +313,12 @@ class Dispatcher:
                 return placed
         return self._enqueue(req, pool, now)
 
+    def admit_anyway(self, req: RouteRequest, now: float) -> Dispatch | None:
+        """Start ``req`` where its pool's policy would, past any limit or queue (what-if experiments)."""
+        pool = self.pool_for(req.cls)
+        choice = pool.policy.choose(req, pool.healthy(), now)
+        return None if choice is None else self._start(req, pool, choice, now, ())
+
     def _no_engine(self, req: RouteRequest, pool: Pool, exclude: Sequence[str]) -> Rejection:
         after = " after a failed attempt" if exclude else ""
         return Rejection(req, 503, "no_healthy_engine", f"no healthy engine in pool {pool.name!r}{after}", 1.0)
@@ -308,7 +328,7 @@ class Dispatcher:
         return [e for e in pool.healthy(exclude) if e.load < limits[e.id].limit - reserve]
 
     def _backfill_room(self, pool: Pool, exclude: Sequence[str]) -> list[EngineState]:
-        """Engines of ``pool`` with room to spare beyond a reserve kept for their own class."""
+        """Engines of ``pool`` with room to spare beyond a reserve kept for their own class (at least one slot)."""
         out = []
         for engine in pool.healthy(exclude):
             limit = self.limits[engine.id].limit
@@ -345,15 +365,6 @@ class Dispatcher:
                 return self._start(req, pool, choice, now, exclude, reason="preempted_backfill")
         return None
 
-    def _backfill_room(self, pool: Pool, exclude: Sequence[str]) -> list[EngineState]:
-        """Engines of ``pool`` with room to spare beyond a reserve kept for their own class."""
-        out = []
-        for engine in pool.healthy(exclude):
-            limit = self.limits[engine.id].limit
-            if engine.load < limit - self.admission.backfill_reserve * limit:
-                out.append(engine)
-        return out
-
     def _preempt_backfill(self, pool: Pool, exclude: Sequence[str], now: float) -> bool:
         """Free a slot in ``pool`` by stopping the youngest restartable batch request backfilled there."""
         victims = [
@@ -384,10 +395,14 @@ class Dispatcher:
 
     def _enqueue(self, req: RouteRequest, pool: Pool, now: float) -> Outcome:
         deadline = self._start_deadline(req, pool)
-        wait = self._expected_wait(pool, pool.queue.position(req.cls, deadline))
-        if req.budget.ttft_s is not None and (deadline <= now or (wait is not None and now + wait > deadline)):
-            return self._refuse_slo(req, wait)
+        wait = None
+        if req.budget.ttft_s is not None:
+            wait = self._expected_wait(pool, pool.queue.position(req.cls, deadline), now)
+            if deadline <= now or (wait is not None and now + wait > deadline):
+                return self._refuse_slo(req, wait)
         if len(pool.queue) >= self.admission.max_queue:
+            if wait is None:
+                wait = self._expected_wait(pool, pool.queue.position(req.cls, deadline), now)
             if req.cls == BATCH or pool.queue.depth(BATCH) == 0:
                 return Rejection(req, 429, "queue_full", f"the {pool.name!r} queue is full", self._retry_after(wait))
             victim = pool.queue.shed(BATCH)
@@ -402,12 +417,18 @@ class Dispatcher:
         self._queued_pool[req.id] = pool
         return Queued(req, pool.name)
 
-    def _expected_wait(self, pool: Pool, position: int) -> float | None:
-        """Time until ``position`` requests ahead have started, from how long requests hold a slot."""
-        if pool.service_s is None:
-            return None
-        slots = sum(self.limits[e.id].limit for e in pool.engines if e.healthy)
-        return (position + 1) * pool.service_s / max(1.0, slots)
+    def _expected_wait(self, pool: Pool, position: int, now: float) -> float | None:
+        """Time until ``position`` requests ahead have started, from when the running ones end."""
+        engines = [
+            FullEngine(e.load, self.limits[e.id].limit, [self._run(d, pool) for d in self._running.get(e.id, ())])
+            for e in pool.healthy()
+        ]
+        return pool.slots.wait(position, engines, now)
+
+    @staticmethod
+    def _run(dispatch: Dispatch, pool: Pool) -> Running:
+        first = pool.ttft_model.predict(dispatch.request.prompt_tokens) or 0.0
+        return Running(dispatch.dispatched_at, first, dispatch.request.max_tokens)
 
     def _retry_after(self, wait: float | None) -> float:
         return max(self.admission.min_retry_after_s, wait or 0.0)
@@ -454,6 +475,7 @@ class Dispatcher:
         )
         if dispatch.preemptible:
             self._backfilled.setdefault(engine.id, []).append(dispatch)
+        self._running.setdefault(engine.id, set()).add(dispatch)
         return dispatch
 
     def _prefilled(self, dispatch: Dispatch, ok: bool = True) -> None:
@@ -475,6 +497,9 @@ class Dispatcher:
         backfilled = self._backfilled.get(dispatch.engine.id)
         if backfilled and dispatch in backfilled:
             backfilled.remove(dispatch)
+        running = self._running.get(dispatch.engine.id)
+        if running is not None:
+            running.discard(dispatch)
 
     def finish(self, dispatch: Dispatch, now: float, ok: bool = True) -> list[Outcome]:
         if dispatch.done:
@@ -484,14 +509,40 @@ class Dispatcher:
         if not self.admission.enabled:
             return []
         if ok:
-            self.pools[dispatch.engine.pool].observe_service(now - dispatch.dispatched_at)
+            pool = self.pools[dispatch.engine.pool]
+            pool.slots.observe_done(self._run(dispatch, pool), now - dispatch.dispatched_at)
         return self._drain(now)
+
+    def _expire(self, now: float) -> list[Outcome]:
+        """Refuse the queued requests whose start deadline has passed."""
+        out: list[Outcome] = []
+        for pool in self.pools.values():
+            for entry in pool.queue.expired(now):
+                self._queued_pool.pop(entry.request.id, None)
+                req = entry.request
+                if req.budget.ttft_s is not None:
+                    out.append(self._refuse_slo(req, None))
+                else:
+                    out.append(
+                        Rejection(
+                            req,
+                            429,
+                            "deadline_exceeded",
+                            "the request's deadline passed while queued",
+                            self.admission.min_retry_after_s,
+                        )
+                    )
+        return out
 
     def _drain(self, now: float) -> list[Outcome]:
         out: list[Outcome] = self.take_notices()
         for pool in self.pools.values():
             queue = pool.queue
             while (entry := queue.peek()) is not None:
+                if entry.deadline < now:
+                    # Its deadline passed since the last poll: refused, never started late.
+                    out.extend(self._expire(now))
+                    continue
                 placed = self._place(entry.request, pool, now)
                 # A placement may have preempted someone: that notice must come before any
                 # later dispatch of the same request.
@@ -522,28 +573,20 @@ class Dispatcher:
         """Refuse what can no longer start in time, update limits, start what now fits."""
         if not self.admission.enabled:
             return []
-        out: list[Outcome] = []
-        for pool in self.pools.values():
-            for entry in pool.queue.expired(now):
-                self._queued_pool.pop(entry.request.id, None)
-                req = entry.request
-                if req.budget.ttft_s is not None:
-                    out.append(self._refuse_slo(req, None))
-                else:
-                    out.append(
-                        Rejection(
-                            req,
-                            429,
-                            "deadline_exceeded",
-                            "the request's deadline passed while queued",
-                            self.admission.min_retry_after_s,
-                        )
-                    )
+        out = self._expire(now)
         for engine_id, limit in self.limits.items():
-            engine = self._engines[engine_id]
-            limit.update(now, engine.load)
+            before, why = limit.limit, limit.reason
+            limit.update(now, self._engines[engine_id].load)
+            if limit.limit != before or limit.reason != why:
+                self._limit_changes.append(LimitChange(engine_id, before, limit.limit, limit.reason))
         out.extend(self._drain(now))
         return out
+
+    def take_limit_changes(self) -> list[LimitChange]:
+        """Limits that moved (or held for a new reason) since the last call, for the log."""
+        changes = list(self._limit_changes)
+        self._limit_changes.clear()
+        return changes
 
     def cancel(self, req: RouteRequest, now: float) -> None:
         pool = self._queued_pool.pop(req.id, None)
@@ -558,7 +601,6 @@ class Dispatcher:
         if limit is None:
             return
         engine_side = max(0.0, seconds - (dispatch.dispatched_at - dispatch.request.arrival))
-        limit.ttft.observe(engine_side, now)
         pool = self.pools[dispatch.engine.pool]
         pool.ttft_model.observe(dispatch.request.prompt_tokens, engine_side)
 
@@ -566,6 +608,7 @@ class Dispatcher:
         limit = self.limits.get(dispatch.engine.id)
         if limit is not None:
             limit.observe_itl(seconds, dispatch.engine.load, now)
+            self.pools[dispatch.engine.pool].slots.observe_gap(seconds)
 
 
 def _own_load(engine: EngineState) -> EngineLoad:

@@ -30,6 +30,8 @@ class EngineMetrics:
     block_size: int | None = None
     num_blocks: int | None = None
     model: str | None = None
+    itl_buckets: tuple[tuple[float, float], ...] | None = None
+    """``vllm:inter_token_latency_seconds``: cumulative counts by upper bound (the last is +Inf)."""
 
 
 @dataclass(slots=True, eq=False)

@@ -2,7 +2,10 @@
 
 Rules:
 - The prompt is hashed as the engine would see it: chat messages in one canonical
-  rendering (role and text of every message, in order), completions prompts as given.
+  rendering (role and text of every message, in order), completions prompts as given. A
+  Responses API request is the chat vLLM makes of it (``instructions`` as the system message,
+  then ``input``'s items) in the same rendering, so a conversation's turns share blocks
+  whichever of the two APIs carries them.
 - Blocks are fixed-size runs of UTF-8 bytes; only full blocks count, as an engine only
   caches full KV blocks.
 - Hashes are chained (each block's hash seeds the next), so equal hash at position i
@@ -58,11 +61,48 @@ def content_text(content: Any) -> str:
     return str(content)
 
 
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def response_messages(instructions: Any, request_input: Any) -> list[dict[str, str]]:
+    """The chat messages of a Responses API request, as vLLM turns ``instructions`` and ``input``
+    into a chat: a string is one user message; message items keep their role and the text of
+    their parts, a ``function_call`` is an assistant turn, its output a tool turn, and other
+    items (reasoning) add nothing."""
+    messages = [{"role": "system", "content": instructions}] if isinstance(instructions, str) and instructions else []
+    if isinstance(request_input, str):
+        messages.append({"role": "user", "content": request_input})
+        return messages
+    if not isinstance(request_input, list):
+        return messages
+    for item in request_input:
+        if not isinstance(item, Mapping):
+            continue
+        kind = item.get("type", "message")
+        if kind == "message":
+            content = item.get("content")
+            if isinstance(content, list):
+                content = "".join(
+                    str(part.get("text", ""))
+                    for part in content
+                    if isinstance(part, Mapping) and part.get("type") in _TEXT_PARTS
+                )
+            messages.append({"role": str(item.get("role", "")), "content": content_text(content)})
+        elif kind == "function_call":
+            messages.append({"role": "assistant", "content": f"{item.get('name', '')}({item.get('arguments', '')})"})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "content": content_text(item.get("output"))})
+    return messages
+
+
 def prompt_text(body: Mapping[str, Any]) -> str:
-    """The text of a chat or completions body (the request has been validated)."""
+    """The text of a chat, completions or responses body (the request has been validated)."""
     messages = body.get("messages")
     if messages is not None:
         return render_messages(messages)
+    if "input" in body and "prompt" not in body:
+        # Responses (embeddings' ``input`` is never hashed).
+        return render_messages(response_messages(body.get("instructions"), body["input"]))
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return prompt

@@ -97,6 +97,12 @@ class LatencyWindow:
                 return EDGES[min(bucket, len(EDGES) - 1)]
         return EDGES[-1]
 
+    def count_above(self, value: float, now: float) -> int:
+        """Observations surely above ``value`` (the bucket that straddles it not counted)."""
+        self.expire(now)
+        first = bisect_left(EDGES, value) + 1
+        return sum(n for bucket, n in self._counts.items() if bucket >= first)
+
     def reset(self) -> None:
         for counts in self._slice_counts:
             counts.clear()

@@ -1,9 +1,10 @@
 """Request bodies of the inference endpoints: parsed once, checked where routing reads them.
 
 Rules:
-- The gateway reads only what routing needs (model, stream, max_tokens, the prompt, cache_salt)
-  and checks the shape of exactly those fields, so nothing it reads can fail later with a 500;
-  every other field is the engine's to judge.
+- The gateway reads only what routing needs (model, stream, max_tokens, the prompt, cache_salt;
+  for the Responses API ``input``, ``instructions`` and ``max_output_tokens``) and checks the
+  shape of exactly those fields, so nothing it reads can fail later with a 500; every other
+  field is the engine's to judge.
 - The body is forwarded as received. Only a pool that takes vLLM's ``priority`` changes it,
   by appending the field to the raw bytes; the body is serialised again only when the client
   sent a ``priority`` of its own, which the gateway's must replace.
@@ -12,6 +13,7 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -31,8 +33,9 @@ def _invalid(message: str, param: str) -> ApiError:
     return ApiError(400, message, "invalid_value", param)
 
 
-def parse_body(body: bytes, required: str) -> dict[str, Any]:
-    """The JSON object of an inference request, with the fields routing reads checked."""
+def parse_body(body: bytes, required: str, check: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The JSON object of an inference request, with the fields routing reads checked (``check``:
+    the endpoint's own fields, beyond ``messages`` and ``prompt``)."""
     if not body:
         raise ApiError(400, "request body is empty; expected a JSON object", "invalid_json")
     try:
@@ -48,6 +51,8 @@ def parse_body(body: bytes, required: str) -> dict[str, Any]:
         _check_messages(value)
     elif required == "prompt":
         _check_prompt(value)
+    if check is not None:
+        check(parsed)
     stream = parsed.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _invalid("'stream' must be a boolean", "stream")
@@ -57,26 +62,54 @@ def parse_body(body: bytes, required: str) -> dict[str, Any]:
     return parsed
 
 
+_CHAT_TEXT = ("text",)
+_RESPONSES_TEXT = ("input_text", "output_text", "text")
+
+
 def _check_messages(messages: Any) -> None:
     if not isinstance(messages, list) or not messages:
         raise _invalid("'messages' must be a non-empty array", "messages")
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise _invalid(f"'messages[{i}]' must be an object with 'role' and 'content'", f"messages[{i}]")
-        if not isinstance(message.get("role"), str):
-            raise _invalid(f"'messages[{i}].role' must be a string", f"messages[{i}].role")
-        content = message.get("content")
-        if content is None or isinstance(content, str):
-            continue
-        if not isinstance(content, list):
-            raise _invalid(f"'messages[{i}].content' must be a string or an array of parts", f"messages[{i}].content")
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                raise _invalid(
-                    f"'messages[{i}].content[{j}]' must be an object with a string 'type'", f"messages[{i}].content"
-                )
-            if part["type"] == "text" and not isinstance(part.get("text"), str):
-                raise _invalid(f"'messages[{i}].content[{j}].text' must be a string", f"messages[{i}].content")
+        _check_message(message, f"messages[{i}]", _CHAT_TEXT)
+
+
+def _check_message(message: dict[str, Any], where: str, text_types: tuple[str, ...]) -> None:
+    """A message's string ``role`` and its ``content``: a string, or typed parts whose text is a string."""
+    if not isinstance(message.get("role"), str):
+        raise _invalid(f"'{where}.role' must be a string", f"{where}.role")
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise _invalid(f"'{where}.content' must be a string or an array of parts", f"{where}.content")
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise _invalid(f"'{where}.content[{j}]' must be an object with a string 'type'", f"{where}.content")
+        if part["type"] in text_types and not isinstance(part.get("text"), str):
+            raise _invalid(f"'{where}.content[{j}].text' must be a string", f"{where}.content")
+
+
+def check_responses(parsed: dict[str, Any]) -> None:
+    """The Responses API's ``instructions`` and ``input``: a string, or an array of items (objects;
+    a message item has a string ``role`` and a string or an array of typed parts as ``content``)."""
+    instructions = parsed.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise _invalid("'instructions' must be a string", "instructions")
+    items = parsed["input"]
+    if isinstance(items, str):
+        return
+    if not isinstance(items, list):
+        raise _invalid("'input' must be a string or an array of input items", "input")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise _invalid(f"'input[{i}]' must be an object", f"input[{i}]")
+        kind = item.get("type", "message")
+        if not isinstance(kind, str):
+            raise _invalid(f"'input[{i}].type' must be a string", f"input[{i}].type")
+        if kind == "message":
+            _check_message(item, f"input[{i}]", _RESPONSES_TEXT)
 
 
 def _is_token(value: Any) -> bool:
@@ -107,6 +140,8 @@ def max_tokens_of(parsed: dict[str, Any]) -> int | None:
     value = parsed.get("max_tokens")
     if value is None:
         value = parsed.get("max_completion_tokens")
+    if value is None:
+        value = parsed.get("max_output_tokens")
     return value if _is_token(value) and value > 0 else None
 
 

@@ -3,6 +3,8 @@
 A batch line becomes an ASGI request to the ``Proxy``: the same parsing, classification,
 admission, routing and relay as a client's request, without a socket or a second trip
 through HTTP. The body is handed over in one message; the response is collected whole.
+The request carries its batch id and ``custom_id`` for the access log and, with tracing on,
+runs under the line's own span.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gateway.batch.runner import Executor, LineResponse
-from gateway.http.proxy import ENDPOINTS, Proxy
+from gateway.batch.runner import Executor, LineCall, LineResponse
+from gateway.http.proxy import BATCH_LINE, ENDPOINTS, Proxy
 
 if TYPE_CHECKING:
     from gateway.runtime import Gateway
@@ -29,7 +31,9 @@ class InternalCaller:
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
 
-    async def post(self, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> InternalResponse:
+    async def post(
+        self, path: str, body: bytes, headers: list[tuple[bytes, bytes]], line: tuple[str, str] | None = None
+    ) -> InternalResponse:
         endpoint = ENDPOINTS[path]
         scope: dict[str, Any] = {
             "type": "http",
@@ -48,6 +52,7 @@ class InternalCaller:
             ],
             "client": ("127.0.0.1", 0),
             "server": ("127.0.0.1", 0),
+            BATCH_LINE: line,
         }
         delivered = False
         never: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -82,13 +87,23 @@ def batch_executor(gateway: Gateway, proxy: Proxy) -> Executor:
     """Batch lines as batch-class requests of their owner, through ``proxy``."""
     caller = InternalCaller(proxy)
 
-    async def execute(endpoint: str, body: bytes, owner: str, request_id: str) -> LineResponse:
+    async def execute(call: LineCall) -> LineResponse:
         headers = [
             (b"x-priority", b"batch"),
-            (b"x-request-id", request_id.encode()),
-            (b"authorization", gateway.keys.internal_authorization(owner)),
+            (b"x-request-id", call.request_id.encode()),
+            (b"authorization", gateway.keys.internal_authorization(call.owner)),
         ]
-        response = await caller.post(endpoint, body, headers)
+        line = (call.batch_id, call.custom_id)
+        if gateway.tracing is None:
+            response = await caller.post(call.endpoint, call.body, headers, line)
+            return LineResponse(response.status, response.body)
+        span = gateway.tracing.batch_line(call.batch_id, call.custom_id)
+        status = 500
+        try:
+            response = await caller.post(call.endpoint, call.body, headers + span.headers, line)
+            status = response.status
+        finally:
+            span.end(status)
         return LineResponse(response.status, response.body)
 
     return execute

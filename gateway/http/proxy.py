@@ -12,6 +12,8 @@ Rules:
 - Every attempt has a total deadline; an engine answer that is not what the client asked for
   (an error, not JSON, cut short) becomes an error in OpenAI's shape.
 - Any other exception is a logged 500 in OpenAI's shape; every dispatch is finished exactly once.
+- What the request did is written into its ``Exchange`` as it goes; when it ends, the access log
+  and (with tracing on) its span read it. Every log line meanwhile carries its ``x-request-id``.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import asyncio
 import itertools
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gateway import log
+from gateway import accesslog, log
 from gateway.core.classes import Budget, ClassificationError, classify
 from gateway.core.dispatcher import Dispatch, Outcome, Queued, Rejection
 from gateway.core.precise import token_block_hashes
@@ -39,32 +42,47 @@ from gateway.core.prefix import (
 from gateway.core.request import RouteRequest
 from gateway.errors import ApiError, error_body
 from gateway.http.answers import engine_error, is_event_stream, is_json, json_object, not_json
-from gateway.http.body import echo, max_tokens_of, parse_body, with_priority
+from gateway.http.body import check_responses, echo, max_tokens_of, parse_body, with_priority
+from gateway.http.exchange import USAGE_TAIL, Exchange
 from gateway.ratelimit import Meter
 from gateway.tokenizers import prompt_token_ids
 from gateway.upstream.h1 import ConnectError, OutOfDescriptors, ReadTimeout, Response, UpstreamError
 
 if TYPE_CHECKING:
+    from gateway.http.tracing import Tracing
     from gateway.runtime import Gateway
 
 Scope = dict[str, Any]
 
 _SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 CLIENT_GONE = 499
+BATCH_LINE = "gateway.batch_line"
+"""Scope key of an in-process batch line's ``(batch id, custom_id)``: never from a client."""
 
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    path: bytes
+    name: str
     required: str
     hashes_prompt: bool
+    check: Callable[[dict[str, Any]], None] | None = None
+    """The endpoint's own body fields, checked beyond ``required``."""
+    first_token: bytes | None = None
+    """A stream whose first events come before any token: what the first token's event holds."""
+    path: bytes = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", self.name.encode())
 
 
 ENDPOINTS: dict[str, Endpoint] = {
-    "/v1/chat/completions": Endpoint(b"/v1/chat/completions", "messages", True),
-    "/v1/completions": Endpoint(b"/v1/completions", "prompt", True),
-    "/v1/embeddings": Endpoint(b"/v1/embeddings", "input", False),
+    "/v1/chat/completions": Endpoint("/v1/chat/completions", "messages", True),
+    "/v1/completions": Endpoint("/v1/completions", "prompt", True),
+    "/v1/embeddings": Endpoint("/v1/embeddings", "input", False),
+    # vLLM sends response.created and response.in_progress at once: TTFT is the first text delta.
+    "/v1/responses": Endpoint("/v1/responses", "input", True, check_responses, b"response.output_text.delta"),
 }
+_ENGINE_HEADERS = ((b"content-type", b"application/json"),)
 
 
 class _RequestHeaders:
@@ -143,6 +161,8 @@ class Proxy:
         self.gw = gateway
         self.limits = gateway.config.limits
         self.deadlines = gateway.config.upstream
+        self.access_log = gateway.config.access_log
+        self.tracing: Tracing | None = gateway.tracing
         self._queued_bytes: dict[str, int] = {}
         self._requests: dict[tuple[str, str, int], Any] = {}
         self._ttft: dict[tuple[str, str], Any] = {}
@@ -153,11 +173,12 @@ class Proxy:
 
     # -- metric children, cached: label lookups are the costly part of prometheus_client
 
-    def _count(self, cls: str, pool: str, status: int) -> None:
-        key = (cls, pool, status)
+    def _count(self, record: Exchange, status: int) -> None:
+        record.status = status
+        key = (record.cls, record.pool, status)
         child = self._requests.get(key)
         if child is None:
-            child = self._requests[key] = self.gw.metrics.requests.labels(cls, pool, str(status))
+            child = self._requests[key] = self.gw.metrics.requests.labels(record.cls, record.pool, str(status))
         child.inc()
 
     def _child(self, metric: Any, *labels: str) -> Any:
@@ -181,16 +202,23 @@ class Proxy:
         started = time.monotonic()
         headers = _RequestHeaders(scope["headers"])
         request_id = headers.request_id or uuid.uuid4().hex
-        cls, pool = "-", "-"
+        record = Exchange(request_id, endpoint.name, started)
+        logged = log.REQUEST_ID.set(request_id)
+        span = self.tracing.request(scope, scope["headers"]) if self.tracing is not None else None
+        line = scope.get(BATCH_LINE)
+        if line is not None:
+            record.batch_id, record.custom_id = line
         meter: Meter | None = None
         call = _Call()
         watcher: asyncio.Task[None] | None = None
         try:
             body = await self._read_body(receive)
-            parsed = parse_body(body, endpoint.required)
+            parsed = parse_body(body, endpoint.required, endpoint.check)
             principal = await self.gw.auth.authenticate(headers.authorization) if self.gw.auth.required else None
+            if principal is not None:
+                record.key_id, record.key_name = principal.key_id, principal.name
             try:
-                cls = classify(
+                cls = record.cls = classify(
                     headers.priority,
                     principal.default_class if principal else "interactive",
                     principal.allowed if principal else None,
@@ -201,7 +229,9 @@ class Proxy:
             except ClassificationError as exc:
                 raise ApiError(exc.status, exc.message, exc.code, exc.param) from None
             req = self._route_request(parsed, endpoint, cls, budget, headers.session, started)
-            stream = parsed.get("stream") is True
+            stream = record.stream = parsed.get("stream") is True
+            record.model = req.model
+            record.prompt_estimate = req.prompt_tokens or None
             own_priority = "priority" in parsed
             # Only the raw bytes wait in the queue; what routing needed is in ``req``.
             del parsed
@@ -210,34 +240,42 @@ class Proxy:
                 meter = self.gw.limiter.meter(principal, req, send)
                 send = meter.send if meter is not None else send
             watcher = asyncio.create_task(self._watch_disconnect(receive, call))
-            dispatch = await self._admit(req, len(body))
-            pool = dispatch.pool
-            upstream = _Upstream(endpoint, body, stream, own_priority, request_id, started)
+            dispatch = await self._admit(req, len(body), record)
+            record.pool = dispatch.pool
+            engine_headers = (*_ENGINE_HEADERS, (b"x-request-id", request_id.encode()))
+            if span is not None:
+                engine_headers += tuple(span.engine_headers())
+            upstream = _Upstream(endpoint, body, stream, own_priority, request_id, started, record, engine_headers)
             while await self._relay(send, upstream, dispatch, call):
                 # Preempted to make room for interactive work: queued again, start over when our turn comes.
-                dispatch = self._admitted(req, await self._wait(req, len(body), refuse=False))
-                pool = dispatch.pool
+                dispatch = self._admitted(req, await self._wait(req, len(body), refuse=False), record)
+                record.pool = dispatch.pool
         except ApiError as exc:
             call.done = True
-            self._count(cls, pool, exc.status)
-            await self._send_error(send, exc, cls, pool, request_id)
+            self._count(record, exc.status)
+            await self._send_error(send, exc, record)
         except asyncio.CancelledError:
             if not call.gone:
                 raise
             _uncancel()
-            self._count(cls, pool, CLIENT_GONE)
-            log.debug("client_disconnected", request_id=request_id, cls=cls, pool=pool)
+            self._count(record, CLIENT_GONE)
+            log.debug("client_disconnected", cls=record.cls, pool=record.pool)
         except Exception as exc:
             call.done = True
-            self._count(cls, pool, 500)
-            log.error("request_failed", exc_info=True, request_id=request_id, cls=cls, pool=pool, reason=repr(exc))
+            self._count(record, 500)
+            log.error("request_failed", exc_info=True, cls=record.cls, pool=record.pool, reason=repr(exc))
             failure = ApiError(500, f"the gateway failed on this request (request id {request_id})", "internal_error")
-            await self._send_error(send, failure, cls, pool, request_id)
+            await self._send_error(send, failure, record)
         finally:
             if watcher is not None:
                 watcher.cancel()
             if meter is not None:
                 meter.close()  # a client gone mid-stream is charged for what it was sent
+            if self.access_log:
+                accesslog.write(record)
+            if span is not None:
+                span.end(record)
+            log.REQUEST_ID.reset(logged)
 
     # -- parsing -------------------------------------------------------------------
 
@@ -322,16 +360,18 @@ class Proxy:
 
     # -- admission -------------------------------------------------------------------
 
-    async def _admit(self, req: RouteRequest, size: int) -> Dispatch:
+    async def _admit(self, req: RouteRequest, size: int, record: Exchange) -> Dispatch:
         metrics = self.gw.metrics
         outcome = self.gw.dispatcher.submit(req, time.monotonic())
         self.gw.settle(self.gw.dispatcher.take_notices())
         if isinstance(outcome, Queued):
+            record.admission = "queued"
             metrics.admission.labels(req.cls, "queued").inc()
             waited_from = time.monotonic()
             outcome = await self._wait(req, size, refuse=True)
-            metrics.queue_wait.labels(req.cls).observe(time.monotonic() - waited_from)
-        return self._admitted(req, outcome)
+            record.queue_wait_s = time.monotonic() - waited_from
+            metrics.queue_wait.labels(req.cls).observe(record.queue_wait_s)
+        return self._admitted(req, outcome, record)
 
     async def _wait(self, req: RouteRequest, size: int, refuse: bool) -> Outcome:
         """Wait in the queue, the body's bytes counted against its pool's budget.
@@ -359,14 +399,18 @@ class Proxy:
             self._queued_bytes[pool] -= size
             gauge.dec(size)
 
-    def _admitted(self, req: RouteRequest, outcome: Outcome) -> Dispatch:
+    def _admitted(self, req: RouteRequest, outcome: Outcome, record: Exchange) -> Dispatch:
         metrics = self.gw.metrics
         if not isinstance(outcome, Dispatch | Rejection):
             raise ApiError(503, "the request could not be scheduled", "not_scheduled", retry_after_s=1.0)
         if isinstance(outcome, Rejection):
+            record.admission = outcome.code
             self._child(metrics.admission, req.cls, outcome.code).inc()
-            log.debug("request_refused", request_id=req.id, cls=req.cls, code=outcome.code, reason=outcome.message)
+            log.debug("request_refused", cls=req.cls, code=outcome.code, reason=outcome.message)
             raise ApiError(outcome.status, outcome.message, outcome.code, retry_after_s=outcome.retry_after_s)
+        if record.admission == "-":
+            record.admission = "admitted"
+            record.queue_wait_s = 0.0
         self._child(metrics.admission, req.cls, "admitted").inc()
         self._child(metrics.routing, outcome.pool, outcome.engine.id, outcome.reason).inc()
         if req.prefix:
@@ -379,14 +423,16 @@ class Proxy:
     # -- relay -----------------------------------------------------------------------
 
     async def _connect(self, upstream: _Upstream, dispatch: Dispatch) -> tuple[Dispatch, Response]:
-        headers = ((b"content-type", b"application/json"), (b"x-request-id", upstream.request_id.encode()))
+        headers = upstream.headers
+        record = upstream.record
         # A streamed answer starts at once (vLLM sends its head before the first token); a plain
         # one comes whole at the end, so only the attempt's total deadline bounds it.
         first_byte = self.deadlines.first_byte_timeout_s if upstream.stream else None
         path = upstream.endpoint.path
         retried = False
         while True:
-            engine_id = dispatch.engine.id
+            engine_id = record.engine = dispatch.engine.id
+            record.attempts += 1
             body = upstream.body_for(dispatch)
             try:
                 response = await self.gw.monitor.client(engine_id).request(b"POST", path, headers, body, first_byte)
@@ -405,12 +451,12 @@ class Proxy:
                 if not isinstance(outcome, Dispatch):
                     raise ApiError(502, f"engine unreachable: {exc}", "upstream_unreachable") from None
                 self.gw.metrics.retries.labels(dispatch.pool).inc()
-                log.info("request_retried", request_id=upstream.request_id, failed=engine_id, engine=outcome.engine.id)
+                log.info("request_retried", failed=engine_id, engine=outcome.engine.id)
                 dispatch = outcome
             except OutOfDescriptors as exc:
                 # Our own sockets ran out: the engine is fine, so it keeps its health.
                 self._finish(dispatch, ok=True)
-                log.warning("out_of_descriptors", request_id=upstream.request_id, reason=str(exc))
+                log.warning("out_of_descriptors", reason=str(exc))
                 message = "the gateway is out of connections; retry shortly"
                 raise ApiError(503, message, "overloaded", retry_after_s=1.0) from None
             except ReadTimeout as exc:
@@ -455,10 +501,12 @@ class Proxy:
                     head = upstream.head(dispatch, content_type, payload)
                     await send({"type": "http.response.start", "status": 200, "headers": head})
                     await send({"type": "http.response.body", "body": payload})
+                    upstream.record.bytes_out = len(payload)
+                    upstream.record.tail = payload
         except asyncio.CancelledError:
             if call.preempted:
                 _uncancel()
-                log.info("request_preempted", request_id=upstream.request_id, engine=dispatch.engine.id)
+                log.info("request_preempted", engine=dispatch.engine.id)
                 return True
             if call.gone:
                 status = CLIENT_GONE
@@ -488,12 +536,13 @@ class Proxy:
             self._finish(dispatch, ok=status < 500)
         if failure is not None:
             raise failure
-        self._count(req.cls, dispatch.pool, status)
+        upstream.record.pool = dispatch.pool
+        self._count(upstream.record, status)
         return False
 
     def _engine_failed(self, dispatch: Dispatch, upstream: _Upstream, reason: str, kind: str) -> None:
         self.gw.metrics.upstream_errors.labels(dispatch.pool, dispatch.engine.id, kind).inc()
-        log.warning("upstream_failed", request_id=upstream.request_id, engine=dispatch.engine.id, reason=reason)
+        log.warning("upstream_failed", engine=dispatch.engine.id, reason=reason)
 
     async def _cut_short(
         self, send: Any, upstream: _Upstream, dispatch: Dispatch, call: _Call, reason: str, timed_out: bool
@@ -513,8 +562,9 @@ class Proxy:
             # A client that stopped reading must not hold this request past its deadline either.
             async with asyncio.timeout(1.0):
                 await send({"type": "http.response.body", "body": message, "more_body": False})
+            upstream.record.bytes_out += len(message)
         except TimeoutError:
-            log.info("client_not_reading", request_id=upstream.request_id)
+            log.info("client_not_reading")
         return None
 
     async def _stream(
@@ -523,25 +573,43 @@ class Proxy:
         headers = upstream.head(dispatch, response.header(b"content-type"), None)
         await send({"type": "http.response.start", "status": 200, "headers": headers + _SSE_HEADERS})
         call.streaming = True
+        record = upstream.record
         ttft_metric, itl_metric = self._timers(dispatch.request.cls, dispatch.pool)
         dispatcher = self.gw.dispatcher
         clock = time.monotonic
         chunk = await response.next_chunk()
-        last = clock()
-        if chunk is not None:
-            ttft = last - upstream.started
-            ttft_metric.observe(ttft)
-            dispatcher.observe_ttft(dispatch, ttft, last)
-        while chunk is not None:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            chunk = await response.next_chunk()
-            if chunk is None:
-                break
-            now = clock()
-            gap = now - last
-            last = now
-            itl_metric.observe(gap)
-            dispatcher.observe_itl(dispatch, gap, now)
+        # Bytes sent and the last two chunks (where the usage is), in locals while the stream runs.
+        sent = 0
+        older = previous = b""
+        try:
+            first_token = upstream.endpoint.first_token
+            if first_token is not None:
+                # Events before the first token (a response's created/in_progress) are relayed untimed.
+                while chunk is not None and first_token not in chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    sent += len(chunk)
+                    older, previous = previous, chunk
+                    chunk = await response.next_chunk()
+            last = clock()
+            if chunk is not None:
+                ttft = record.ttft_s = last - upstream.started
+                ttft_metric.observe(ttft)
+                dispatcher.observe_ttft(dispatch, ttft, last)
+            while chunk is not None:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                sent += len(chunk)
+                older, previous = previous, chunk
+                chunk = await response.next_chunk()
+                if chunk is None:
+                    break
+                now = clock()
+                gap = now - last
+                last = now
+                itl_metric.observe(gap)
+                dispatcher.observe_itl(dispatch, gap, now)
+        finally:
+            record.bytes_out += sent
+            record.tail = older[-USAGE_TAIL:] + previous
         call.done = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -552,19 +620,21 @@ class Proxy:
                 call.disconnected()
                 return
 
-    async def _send_error(self, send: Any, exc: ApiError, cls: str, pool: str, request_id: str) -> None:
+    async def _send_error(self, send: Any, exc: ApiError, record: Exchange) -> None:
+        record.error = exc.code or str(exc.status)
         headers = exc.response_headers()
-        headers.append((b"x-request-id", request_id.encode()))
-        if cls != "-":
-            headers.append((b"x-gateway-class", cls.encode()))
-        if pool != "-":
-            headers.append((b"x-gateway-pool", pool.encode()))
+        headers.append((b"x-request-id", record.request_id.encode()))
+        if record.cls != "-":
+            headers.append((b"x-gateway-class", record.cls.encode()))
+        if record.pool != "-":
+            headers.append((b"x-gateway-pool", record.pool.encode()))
         body = exc.body()
         try:
             await send({"type": "http.response.start", "status": exc.status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
+            record.bytes_out += len(body)
         except RuntimeError:
-            log.debug("error_after_response_started", request_id=request_id, status=exc.status)
+            log.debug("error_after_response_started", status=exc.status)
 
 
 def _uncancel() -> None:
@@ -583,6 +653,9 @@ class _Upstream:
     own_priority: bool
     request_id: str
     started: float
+    record: Exchange
+    headers: tuple[tuple[bytes, bytes], ...]
+    """What every attempt sends the engine: content type, ``x-request-id``, the trace context."""
 
     def body_for(self, dispatch: Dispatch) -> bytes:
         if dispatch.priority is None:

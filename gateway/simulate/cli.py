@@ -4,7 +4,8 @@ Two forms:
 - ``--concurrency 1,2,4,...`` runs closed-loop clients against one engine of ``--profile``
   at each level (default prompts 1000 tokens, outputs 128, each ±25 %, ignore_eos).
 - ``--trace FILE[@class]`` replays traces through the gateway's core and a cluster of
-  engines, once per ``--policy``, on the same arrivals.
+  engines, once per ``--policy``, on the same arrivals. With admission on, refused requests are
+  judged by replaying them admitted (``--counterfactual``): ``false_refusals`` per class.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gateway.config.schema import build, convert
 from gateway.core.classes import BATCH, INTERACTIVE, Budget
 from gateway.core.dispatcher import AdmissionSettings
 from gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup
+from gateway.simulate.counterfactual import false_refusals
 from gateway.simulate.report import summarize
 from gateway.simulate.traces import TraceRequest, load_trace, merge, parse_trace_arg, scale_blocks
 
@@ -56,6 +58,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None, help="override the profile's max_model_len")
     p.add_argument("--no-oracle", action="store_true", help="skip the pooled-cache ceilings (faster)")
     p.add_argument("--replicas", type=int, default=1, help="gateway replicas, arrivals spread round robin")
+    p.add_argument(
+        "--counterfactual",
+        type=int,
+        default=30,
+        metavar="N",
+        help="judge up to N refusals per class by replaying them admitted (0: skip; costs one more run)",
+    )
     p.add_argument(
         "--share",
         choices=("on", "off"),
@@ -121,6 +130,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         _progress(f"sim: {policy}: {len(trace)} requests on {sum(p.engines for p in setup.pools)} engines ...")
         outcome = Cluster(setup).run(_fresh(trace), flood_source)
         summary = summarize(setup, outcome, oracle=not args.no_oracle)
+        if setup.admission.enabled and args.counterfactual > 0:
+            judged = false_refusals(setup, _fresh(trace), flood_source, outcome, args.counterfactual)
+            for cls, figures in judged.items():
+                summary["by_class"][cls]["false_refusals"] = figures
         summary["wall_s"] = round(time.monotonic() - started, 1)
         results[policy] = summary
         _progress(

@@ -25,14 +25,20 @@ Rules:
   what a replica has to tell is sent in one batch at the next multiple of ``share_interval_s`` and
   reaches every other replica ``share_delay_s`` later; every ``share_full_s`` each replica sends
   all its pending prefill. The bytes are counted as the server would send them (``encode``).
+- What if: for each request id in ``what_if``, at its arrival the whole cluster is copied and,
+  in the copy, that request is admitted whatever admission says; the copy runs until it and
+  every request with a latency budget that was alive while it ran have ended, and their records
+  there are kept in ``what_if_records``. The run itself goes on untouched.
 """
 
 from __future__ import annotations
 
+import copy
 import heapq
 import itertools
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +130,23 @@ class SimEngine:
     stepping: bool = False
 
 
+@dataclass(slots=True, eq=False)
+class WhatIf:
+    """A request admitted in a copy of the cluster, and the budgeted requests alive while it ran there."""
+
+    record: Record
+    others: dict[str, Record]
+
+
+def _ended(rec: Record) -> bool:
+    return rec.done is not None or rec.rejected is not None
+
+
+def budgeted(budget: Budget) -> bool:
+    """The class has a latency budget (TTFT or ITL), as interactive has."""
+    return budget.ttft_s is not None or budget.itl_s is not None
+
+
 def _engine_id(rec: Record) -> str:
     """The engine-side id of a request's current attempt (a preempted request starts afresh)."""
     return f"{rec.req.id}#{rec.preemptions}"
@@ -192,6 +215,8 @@ class Cluster:
         self.now = 0.0
         self.end_of_arrivals = 0.0
         self._pending_arrivals = 0
+        self.what_if: set[str] = set()
+        self.what_if_records: dict[str, WhatIf] = {}
 
     # -- events ----------------------------------------------------------------------
 
@@ -214,7 +239,19 @@ class Cluster:
         self._at(0.0, _SCRAPE, None)
         if self.sharing:
             self._at(self.setup.share_full_s, _SHARE_FULL, None)
-        while self._events:
+        self._advance(lambda: False)
+        return {
+            "records": self.records,
+            "engines": self.engines,
+            "duration_s": self.now,
+            "share": self._share_summary(),
+            # Replica 0's policies: the report reads their load-bound record.
+            "policies": {name: pool.policy for name, pool in self.dispatchers[0].pools.items()},
+        }
+
+    def _advance(self, done: Callable[[], bool]) -> None:
+        """Handle events in time order until none is left or ``done()``."""
+        while self._events and not done():
             t, _, kind, data = heapq.heappop(self._events)
             self.now = t
             if kind == _ARRIVAL:
@@ -243,14 +280,6 @@ class Cluster:
                     self._at(t + self.setup.share_full_s, _SHARE_FULL, None)
             if self.sharing:
                 self._collect_learned()
-        return {
-            "records": self.records,
-            "engines": self.engines,
-            "duration_s": self.now,
-            "share": self._share_summary(),
-            # Replica 0's policies: the report reads their load-bound record.
-            "policies": {name: pool.policy for name, pool in self.dispatchers[0].pools.items()},
-        }
 
     def _busy(self) -> bool:
         # Queued requests alone do not keep the clock going: with no arrival to come and every
@@ -276,6 +305,55 @@ class Cluster:
         self._at(t, _ARRIVAL, (f"f{next(self._flood_ids)}", flood, True))
 
     def _arrive(self, rid: str, tr: TraceRequest, flood: bool) -> None:
+        if rid in self.what_if:
+            self.what_if_records[rid] = self._fork()._admitted_anyway(rid, tr, flood)
+        rec = self._record(rid, tr, flood)
+        dispatcher = self.dispatchers[rec.replica]
+        self._handle([dispatcher.submit(rec.req, self.now), *dispatcher.take_notices()])
+
+    def _fork(self) -> Cluster:
+        """A copy of the cluster as it is now, sharing only what no run changes (setup, trace requests)."""
+        memo: dict[int, Any] = {id(self.setup): self.setup}
+        for tr in self._flood_pool:
+            memo[id(tr)] = tr
+        for _, _, kind, data in self._events:
+            if kind == _ARRIVAL:
+                memo[id(data[1])] = data[1]
+        records = self.records
+        # Finished requests play no part in what happens next: leave them out of the copy.
+        self.records = {rid: r for rid, r in records.items() if r.done is None and r.rejected is None}
+        for r in self.records.values():
+            memo[id(r.trace)] = r.trace
+            memo[id(r.req.prefix)] = r.req.prefix  # hashed once, never changed
+        try:
+            fork = copy.deepcopy(self, memo)
+        finally:
+            self.records = records
+        fork.what_if = set()
+        fork.what_if_records = {}
+        return fork
+
+    def _admitted_anyway(self, rid: str, tr: TraceRequest, flood: bool) -> WhatIf:
+        """Admit this arrival whatever admission says; run until it and every budgeted request
+        alive while it ran have ended."""
+        rec = self._record(rid, tr, flood)
+        dispatch = self.dispatchers[rec.replica].admit_anyway(rec.req, self.now)
+        if dispatch is None:
+            rec.rejected = "no_healthy_engine"
+            return WhatIf(rec, {})
+        self._handle([dispatch])
+        self._advance(lambda: _ended(rec))
+        end = self.now
+        budgets = self.setup.budgets
+        others = {
+            r.req.id: r
+            for r in self.records.values()
+            if r is not rec and r.req.arrival <= end and budgeted(budgets.get(r.trace.cls, Budget()))
+        }
+        self._advance(lambda: all(_ended(r) for r in others.values()))
+        return WhatIf(rec, others)
+
+    def _record(self, rid: str, tr: TraceRequest, flood: bool) -> Record:
         budget = self.setup.budgets.get(tr.cls, Budget())
         req = RouteRequest(
             rid,
@@ -292,9 +370,8 @@ class Cluster:
             req.block_tokens = self._block_size(tr.cls)
             req.prefix = self._token_prefix(tr, req.block_tokens)
         replica = next(self._next_replica) % len(self.dispatchers)
-        self.records[rid] = Record(tr, req, flood=flood, replica=replica)
-        dispatcher = self.dispatchers[replica]
-        self._handle([dispatcher.submit(req, self.now), *dispatcher.take_notices()])
+        rec = self.records[rid] = Record(tr, req, flood=flood, replica=replica)
+        return rec
 
     def _block_size(self, cls: str) -> int:
         home = self.dispatchers[0].home[cls]
@@ -469,6 +546,7 @@ class Cluster:
                 prefix_hits=core.stats.prefix_cache_hits,
                 block_size=core.block_size,
                 num_blocks=core.profile.num_blocks,
+                itl_buckets=tuple(zip((*core.stats.itl.bounds, math.inf), core.stats.itl.cumulative(), strict=True)),
             )
             for dispatcher in self.dispatchers:
                 state = dispatcher.engine(engine.id)

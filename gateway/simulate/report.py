@@ -2,7 +2,8 @@
 
 Per run, for all requests and again per class under ``by_class``: requests, completed,
 rejected, TTFT and ITL percentiles, prefix hit ratio (tokens served from cache / prompt
-tokens), the oracle and infinite-cache ceilings, load imbalance, SLO attainment and goodput.
+tokens), the oracle and infinite-cache ceilings, load imbalance, SLO attainment and goodput;
+with admission on, ``false_refusals`` of the budgeted classes (see ``counterfactual``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from gateway.core.classes import CLASSES, Budget
 from gateway.simulate.cluster import ClusterSetup, Record, SimEngine, hit_ceiling
 
 
-def _meets(rec: Record, budget: Budget) -> bool:
+def meets_budget(rec: Record, budget: Budget) -> bool:
+    """Completed, first token within the TTFT budget, the p99 of its own gaps within the ITL budget."""
     if rec.done is None or rec.first is None:
         return False
     if budget.ttft_s is not None and rec.first - rec.req.arrival > budget.ttft_s:
@@ -45,7 +47,7 @@ def _block(
     gaps = [g * 1000 for r in done for g in r.gaps]
     prompt = sum(r.trace.input_len for r in done)
     cached = sum(r.cached_tokens for r in done)
-    meeting = sum(1 for r in records if _meets(r, budgets[r.trace.cls]))
+    meeting = sum(1 for r in records if meets_budget(r, budgets[r.trace.cls]))
     start, end = window
     duration = end - start
     out = {

@@ -2,7 +2,9 @@
 
 Only lines that start with a wanted name are looked at, so a 50 KB exposition costs a
 single pass of ``startswith`` checks. Samples of one name are summed across label sets
-(an engine with several ``engine=`` shards is one engine to the gateway).
+(an engine with several ``engine=`` shards is one engine to the gateway); so are the buckets
+of the engine's own ITL histogram, by their upper bound, which admission checks the relay's
+gaps against.
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ _WANTED = {
     "vllm:prefix_cache_queries_total": "prefix_queries",
     "vllm:prefix_cache_hits_total": "prefix_hits",
 }
-_PREFIXES = (*_WANTED, "vllm:cache_config_info")
+_ITL_BUCKET = "vllm:inter_token_latency_seconds_bucket"
+_PREFIXES = (*_WANTED, "vllm:cache_config_info", _ITL_BUCKET)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_LABEL_LE = re.compile(r'le="([^"]*)"')
 _LABEL_MODEL = re.compile(r'model_name="((?:[^"\\]|\\.)*)"')
 
 
 def parse_vllm_metrics(text: str) -> EngineMetrics:
     values: dict[str, float] = {}
+    itl: dict[float, float] = {}
     metrics = EngineMetrics()
     for line in text.splitlines():
         if not line.startswith(_PREFIXES):
@@ -39,6 +44,9 @@ def parse_vllm_metrics(text: str) -> EngineMetrics:
             metrics.block_size = _int(labels.get("block_size"))
             metrics.num_blocks = _int(labels.get("num_gpu_blocks"))
             continue
+        if name == _ITL_BUCKET:
+            _add_bucket(itl, line, name_end, space)
+            continue
         if metrics.model is None and name_end >= 0:
             model = _LABEL_MODEL.search(line, name_end, space)
             if model is not None:
@@ -52,7 +60,19 @@ def parse_vllm_metrics(text: str) -> EngineMetrics:
             continue
     for field, value in values.items():
         setattr(metrics, field, value)
+    if itl:
+        metrics.itl_buckets = tuple(sorted(itl.items()))
     return metrics
+
+
+def _add_bucket(buckets: dict[float, float], line: str, name_end: int, space: int) -> None:
+    le = _LABEL_LE.search(line, name_end, space)
+    try:
+        bound = float(le.group(1)) if le is not None else None  # "+Inf" parses as inf
+        if bound is not None:
+            buckets[bound] = buckets.get(bound, 0.0) + float(line[space + 1 :])
+    except ValueError:
+        return
 
 
 def _int(value: str | None) -> int | None:

@@ -78,6 +78,19 @@ async def test_completion_tokens_come_from_usage_split_across_chunks():
     assert await tpm_used(store, "k") == 7 + 42
 
 
+async def test_a_responses_stream_is_charged_its_output_tokens_not_its_limit():
+    store = MemoryStore()
+    limiter = RateLimiter(store)
+    principal = Principal("k", "n", tpm=10_000)
+    created = b'event: response.created\ndata: {"response":{"max_output_tokens":500,"usage":null}}\n\n'
+    completed = (
+        b'event: response.completed\ndata: {"response":{"max_output_tokens":500,"usage":{"input_tokens":9,'
+        b'"output_tokens":12,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":21}}}\n\n'
+    )
+    await relay(limiter, principal, request(max_tokens=500), [created, b"event: x\ndata: {}\n\n" * 3, completed])
+    assert await tpm_used(store, "k") == 12
+
+
 async def test_streams_without_usage_are_charged_max_tokens_or_events():
     store = MemoryStore()
     limiter = RateLimiter(store)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable
 
@@ -27,3 +28,15 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: flo
             return True
         time.sleep(interval)
     return False
+
+
+def log_lines(text: str, event: str | None = None) -> list[dict[str, str]]:
+    """The gateway's structured log lines (``key=value``, values quoted where needed) as dicts."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("ts="):
+            continue
+        fields = dict(part.split("=", 1) for part in shlex.split(line) if "=" in part)
+        if event is None or fields.get("event") == event:
+            lines.append(fields)
+    return lines

@@ -20,6 +20,8 @@ FIELDS = (
     "completed",
     "errors",
     "errors_by_code",
+    "refused",
+    "refused_by_code",
     "ttft_p50_ms",
     "ttft_p90_ms",
     "ttft_p99_ms",
@@ -172,6 +174,29 @@ def test_through_the_gateway_class_header_is_sent(engine, procs, tmp_path):
     code, results = bench(tmp_path / "bad", command + " --x-priority urgent")
     assert code == 1
     assert list(results["runs"][0]["errors_by_code"]) == ["400 invalid_priority"]
+
+
+def test_refusals_are_waited_out_and_reported_apart_from_errors(engine, procs, tmp_path):
+    # One slot for four clients: the gateway refuses the rest with 429 and Retry-After.
+    config = {
+        "pools": {"interactive": {"engines": [engine.url]}},
+        "admission": {"initial_limit": 1, "max_limit": 1},
+    }
+    gateway = start_gateway(tmp_path, config)
+    procs.append(gateway)
+    gateway.wait_ready("/ready")
+    command = f"--url {gateway.url} --concurrency 4 --duration 3 --output-len 150 --x-priority interactive"
+    code, results = bench(tmp_path / "refused", command)
+    assert code == 0
+    run = results["runs"][0]
+    assert run["errors"] == 0 and run["errors_by_code"] == {}
+    assert run["completed"] >= 2
+    assert set(run["refused_by_code"]) == {"429 slo_budget_exceeded"}
+    # Each refused client waits at least the second Retry-After asks before it sends again.
+    assert 0 < run["refused"] == run["refused_by_code"]["429 slo_budget_exceeded"] <= 3 * 4
+    assert run["requests"] == run["completed"] + run["refused"]
+    page = (tmp_path / "refused" / "report.html").read_text()
+    assert "Refused" in page and "slo_budget_exceeded" in page
 
 
 async def test_ramp_up_spreads_client_starts(engine):

@@ -1,6 +1,6 @@
 """The bench PNG as a reader sees it: plain numbers on the latency axes, lines only across the
-ordered levels of a concurrency sweep, bars where each run has one value (SLO attainment and
-errors) and for traces or a single run."""
+ordered levels of a concurrency sweep, bars where each run has one value (SLO attainment,
+errors and refusals) and for traces or a single run."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 PLAIN = re.compile(r"^\d+(\.\d+)?$")
 
 
-def run(label: str, ttft: float, itl: float, slo: float, errors: int = 0) -> dict[str, Any]:
+def run(label: str, ttft: float, itl: float, slo: float, errors: int = 0, refused: int = 0) -> dict[str, Any]:
     return {
         "label": label,
         "ttft_p50_ms": ttft,
@@ -28,6 +28,7 @@ def run(label: str, ttft: float, itl: float, slo: float, errors: int = 0) -> dic
         "goodput_tokens_per_s": 100.0 * slo,
         "slo_attainment": slo,
         "errors": errors,
+        "refused": refused,
     }
 
 
@@ -36,7 +37,7 @@ def results(mode: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"mode": mode, "runs": runs, "budget": budget, "url": "http://x", "model": "m"}
 
 
-SWEEP = [run("c=1", 210, 36, 1.0), run("c=4", 260, 41, 0.0), run("c=32", 330, 110, 0.0, errors=3)]
+SWEEP = [run("c=1", 210, 36, 1.0), run("c=4", 260, 41, 0.0, refused=5), run("c=32", 330, 110, 0.0, errors=3)]
 
 
 def panels(data: dict[str, Any]) -> dict[str, Any]:
@@ -79,10 +80,11 @@ def test_traces_and_a_single_run_are_bars(data: dict[str, Any]) -> None:
     assert not [line for line in ttft.get_lines() if line.get_marker() in ("o", "s")]
 
 
-def test_slo_attainment_and_errors_are_one_bar_per_run() -> None:
+def test_slo_attainment_errors_and_refusals_are_one_bar_per_run() -> None:
     shown = panels(results("closed loop", SWEEP))
     (attainment,) = bars(shown["slo"])
-    (errors,) = bars(shown["errors"])
+    errors, refused = bars(shown["errors"])
     assert [bar.get_height() for bar in attainment] == [100.0, 0.0, 0.0]
     assert [bar.get_height() for bar in errors] == [0, 0, 3]
+    assert [(bar.get_y(), bar.get_height()) for bar in refused] == [(0, 0), (0, 5), (3, 0)]  # stacked on errors
     assert not [line for line in shown["slo"].get_lines() if line.get_marker() == "o"]

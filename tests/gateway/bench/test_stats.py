@@ -81,3 +81,17 @@ def test_open_loop_lag_is_reported():
     s = sample(0.0, [0.1])
     s.lag = 0.004
     assert summarize([s], 500, 50)["send_lag_p99_ms"] == pytest.approx(4.0)
+
+
+def test_refusals_are_counted_apart_from_errors_and_against_attainment():
+    ok = sample(0.0, [0.1, 0.12], tokens=2)
+    refused = sample(0.0, [])
+    refused.refused, refused.retry_after = "429 slo_budget_exceeded", 1.0
+    failed = sample(0.0, [], error="502 upstream_error")
+    out = summarize([ok, refused, failed], 500.0, 50.0)
+    assert out["requests"] == 3 and out["completed"] == 1
+    assert (out["refused"], out["refused_by_code"]) == (1, {"429 slo_budget_exceeded": 1})
+    assert (out["errors"], out["errors_by_code"]) == (1, {"502 upstream_error": 1})
+    assert out["slo_attainment"] == round(1 / 3, 4)
+    assert not out["meets_slo"]
+    assert summarize([ok, refused], 500.0, 50.0)["meets_slo"]

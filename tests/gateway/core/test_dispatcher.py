@@ -1,7 +1,10 @@
 """Admission and placement in the core: queues, budgets, backfill, preemption, overflow."""
 
+import math
+
 from gateway.core.classes import BATCH, INTERACTIVE, Budget
 from gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, PoolSpec, Preempted, Queued, Rejection
+from gateway.core.engines import EngineMetrics
 from gateway.core.limiter import LimitSettings
 from gateway.core.request import RouteRequest
 
@@ -64,6 +67,17 @@ def test_interactive_that_cannot_start_in_time_is_refused_with_retry_after():
     assert refusals[0].retry_after_s >= 1
 
 
+def test_a_request_whose_deadline_passed_is_refused_not_started_late():
+    d = make(interactive=1, limit=1)
+    running = d.submit(req(), 0.0)
+    queued = d.submit(req(now=0.0), 0.0)
+    assert isinstance(queued, Queued)
+    out = d.finish(running, 0.7)  # the slot frees past the 500 ms budget, before any poll
+    assert [(type(o), o.request) for o in out] == [(Rejection, queued.request)]
+    assert out[0].code == "slo_budget_exceeded"
+    assert d.engine("i0").inflight == 0
+
+
 def test_refused_at_once_when_the_expected_wait_exceeds_the_budget():
     d = make(interactive=1, limit=1)
     running = d.submit(req(), 0.0)
@@ -71,6 +85,48 @@ def test_refused_at_once_when_the_expected_wait_exceeds_the_budget():
     d.submit(req(now=10.0), 10.0)
     out = d.submit(req(now=10.0), 10.0)
     assert isinstance(out, Rejection) and out.code == "slo_budget_exceeded"
+
+
+def stream(d, out, now, tokens, ttft=0.05, gap=0.035):
+    """Play a streamed answer of ``tokens`` tokens through the dispatcher; returns when it ended."""
+    now += ttft
+    d.observe_ttft(out, now - out.request.arrival, now)
+    for _ in range(tokens - 1):
+        now += gap
+        d.observe_itl(out, gap, now)
+    d.finish(out, now)
+    return now
+
+
+def learned(d, tokens=128):
+    """The pool has served ten streamed requests of ``tokens`` tokens (about 4.5 s each at 128)."""
+    now = 0.0
+    for _ in range(10):
+        r = req(now=now)
+        r.max_tokens = tokens
+        now = stream(d, d.submit(r, now), now, tokens)
+    return now
+
+
+def test_a_short_wait_behind_a_short_request_is_queued_not_refused():
+    d = make(interactive=1, limit=1)
+    now = learned(d)  # long requests taught the pool that a slot is held for ~4.5 s
+    short = req(now=now)
+    short.max_tokens = 8
+    assert isinstance(d.submit(short, now), Dispatch)
+    waiting = d.submit(req(now=now + 0.01), now + 0.01)
+    assert isinstance(waiting, Queued)  # the 8-token answer ends in ~0.3 s: within the budget
+
+
+def test_the_wait_counts_how_long_running_requests_have_held_their_slots():
+    d = make(interactive=1, limit=1)
+    now = learned(d)
+    running = req(now=now)
+    running.max_tokens = 128
+    assert isinstance(d.submit(running, now), Dispatch)
+    assert isinstance(d.submit(req(now=now + 0.1), now + 0.1), Rejection)  # ~4.4 s to go
+    nearly_done = now + 4.3
+    assert isinstance(d.submit(req(now=nearly_done), nearly_done), Queued)  # ~0.2 s to go
 
 
 def test_tighter_ttft_header_budget_shortens_the_wait():
@@ -84,12 +140,15 @@ def test_tighter_ttft_header_budget_shortens_the_wait():
 
 
 def test_interactive_lull_lets_batch_backfill_and_interactive_reclaims_it():
-    d = make(interactive=2, batch=1, limit=2)
-    in_batch_pool = [d.submit(req(BATCH), 0.0) for _ in range(2)]
+    d = make(interactive=2, batch=1, limit=3)
+    in_batch_pool = [d.submit(req(BATCH), 0.0) for _ in range(3)]
     assert all(isinstance(o, Dispatch) and o.pool == "batch" for o in in_batch_pool)
+    # Each interactive engine lends all but one of its 3 slots.
     backfilled = [d.submit(req(BATCH), 0.0) for _ in range(4)]
     assert all(isinstance(o, Dispatch) and o.reason == "backfill" for o in backfilled)
     assert isinstance(d.submit(req(BATCH), 0.0), Queued)
+    for _ in range(2):
+        assert isinstance(d.submit(req(), 1.0), Dispatch)  # the reserved slots
     # Interactive arrives to a pool full of batch work: a restartable batch request is stopped for it.
     arrival = d.submit(req(), 1.0)
     notices = d.take_notices()
@@ -100,13 +159,29 @@ def test_interactive_lull_lets_batch_backfill_and_interactive_reclaims_it():
 
 
 def test_streamed_batch_work_is_never_preempted():
-    d = make(interactive=1, batch=1, limit=1)
+    d = make(interactive=1, batch=1, limit=2)
+    d.submit(req(BATCH, restartable=False), 0.0)
     d.submit(req(BATCH, restartable=False), 0.0)
     streamed = d.submit(req(BATCH, restartable=False), 0.0)
     assert isinstance(streamed, Dispatch) and streamed.reason == "backfill"
+    assert isinstance(d.submit(req(now=1.0), 1.0), Dispatch)  # the reserved slot
     out = d.submit(req(now=1.0), 1.0)
     assert isinstance(out, Queued)
     assert d.take_notices() == []
+
+
+def test_backfill_never_takes_the_last_free_slot_of_an_interactive_engine():
+    # The reserve is at least one slot, however small its share of the limit.
+    d = make(interactive=1, batch=1, limit=1, reserve=0.25)
+    assert isinstance(d.submit(req(BATCH), 0.0), Dispatch)  # the batch pool's own slot
+    assert isinstance(d.submit(req(BATCH), 0.0), Queued)
+    assert d.engine("i0").load == 0
+    d = make(interactive=1, batch=1, limit=3, reserve=0.25)
+    d.submit(req(BATCH), 0.0)
+    d.submit(req(BATCH), 0.0)
+    d.submit(req(BATCH), 0.0)
+    backfilled = [d.submit(req(BATCH), 0.0) for _ in range(3)]
+    assert [isinstance(o, Dispatch) for o in backfilled] == [True, True, False]
 
 
 def test_backfill_keeps_a_reserve_and_stops_while_interactive_waits():
@@ -164,3 +239,57 @@ def test_finish_twice_gives_back_once():
     d.finish(out, 1.0)
     d.finish(out, 1.0)
     assert d.engine("i0").inflight == 0
+
+
+def itl_histogram(fast: int, slow: int = 0) -> tuple[tuple[float, float], ...]:
+    """An engine's cumulative ``inter_token_latency_seconds`` buckets: ``fast`` gaps of ~36 ms, ``slow`` of ~90."""
+    return tuple((b, float(fast * (b >= 0.05) + slow * (b >= 0.1))) for b in (0.025, 0.05, 0.075, 0.1, math.inf))
+
+
+def test_hammering_with_refused_requests_cannot_talk_the_limit_down():
+    d = make(interactive=1, limit=2)
+    running = [d.submit(req(), 0.0) for _ in range(2)]
+    assert all(isinstance(o, Dispatch) for o in running)
+    d.apply_scrape("i0", EngineMetrics(running=2, itl_buckets=itl_histogram(0)), 0.0)
+    made = 0
+    refused = 0
+    t = 0.0
+    while t < 60.0:
+        t += 1.0 / 30
+        for _ in range(50):  # a client resending at once whatever is refused
+            out = d.submit(req(now=t), t)
+            refused += isinstance(out, Rejection)
+        for dispatch in running:
+            d.observe_itl(dispatch, 0.09, t)  # the starved host relays every gap late
+        made += 2
+        if round(t * 30) % 60 == 0:
+            d.apply_scrape("i0", EngineMetrics(running=2, itl_buckets=itl_histogram(made)), t)  # on time
+        for o in d.poll(t):
+            refused += isinstance(o, Rejection)
+    assert refused > 10_000
+    assert d.concurrency_limits()["i0"] == 2
+    assert {c.reason for c in d.take_limit_changes()} == {"relay_slow_engine_on_time"}
+
+
+def test_a_limit_shrunk_by_an_overload_is_back_at_the_probe_level_after_idling():
+    d = make(interactive=1, limit=2)
+    d.apply_scrape("i0", EngineMetrics(itl_buckets=itl_histogram(0)), 0.0)
+    running = [d.submit(req(), 0.0) for _ in range(2)]
+    made = slow = 0
+    t = 0.0
+    while d.concurrency_limits()["i0"] == 2 and t < 30.0:
+        t += 1.0 / 30
+        for dispatch in running:
+            d.observe_itl(dispatch, 0.09, t)  # the engine itself is over budget at two
+        slow += 2
+        if round(t * 30) % 60 == 0:
+            d.apply_scrape("i0", EngineMetrics(running=2, itl_buckets=itl_histogram(made, slow)), t)
+        d.poll(t)
+    assert d.concurrency_limits()["i0"] == 1
+    for dispatch in running:
+        d.finish(dispatch, t)
+    while t < 120.0:  # then nobody comes for a while
+        t += 0.5
+        d.poll(t)
+    assert d.concurrency_limits()["i0"] == 2
+    assert [c.reason for c in d.take_limit_changes()][-1] == "recovering"

@@ -83,3 +83,31 @@ def test_text_and_chat_prompts_are_not_token_prompts():
 def test_invalid_token_ids_are_refused(prompt):
     with pytest.raises(TokenPromptError):
         token_prompt({"prompt": prompt})
+
+
+def test_a_responses_conversation_shares_blocks_turn_after_turn_and_with_chat():
+    seed = chain_seed("m")
+    question = "Tell me about the tides and the moon, at length please. " * 3
+    first = {"instructions": "Be brief.", "input": question}
+    second = {
+        "instructions": "Be brief.",
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": question}]},
+            {"type": "reasoning", "summary": []},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "They pull."}]},
+            {"type": "function_call", "name": "lookup", "arguments": '{"q": "sun"}'},
+            {"type": "function_call_output", "output": "hot"},
+            {"role": "user", "content": "And the sun?"},
+        ],
+    }
+    one, two = hash_blocks(prompt_text(first), seed), hash_blocks(prompt_text(second), seed)
+    assert one and two[: len(one)] == one
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "They pull."},
+        {"role": "assistant", "content": 'lookup({"q": "sun"})'},
+        {"role": "tool", "content": "hot"},
+        {"role": "user", "content": "And the sun?"},
+    ]
+    assert prompt_text(second) == prompt_text({"messages": chat})

@@ -14,10 +14,8 @@ from tests.support.procs import start_engine, start_gateway
 MODEL = "sim-model"
 
 
-@pytest.fixture(scope="module")
-def tight(procs, tmp_path_factory):
-    """One interactive and one batch engine, each allowed a single request at a time."""
-    tmp = tmp_path_factory.mktemp("admission")
+def engines_and_gateway(procs, tmp, admission: dict) -> dict:
+    """One interactive and one batch simulated engine behind a gateway with these admission settings."""
     interactive = start_engine(tmp, "--token-delay-ms", "20")
     batch = start_engine(tmp, "--token-delay-ms", "20", "--scheduling-policy", "priority")
     procs.extend([interactive, batch])
@@ -28,13 +26,27 @@ def tight(procs, tmp_path_factory):
             "interactive": {"engines": [interactive.url], "policy": "least_loaded"},
             "batch": {"engines": [batch.url], "scheduling_policy": "priority", "policy": "least_loaded"},
         },
-        "admission": {"initial_limit": 1, "max_limit": 1, "unbudgeted_limit": 1, "backfill_reserve": 0},
+        "admission": admission,
         "health": {"interval_s": 0.5},
     }
     gateway = start_gateway(tmp, config)
     procs.append(gateway)
     gateway.wait_ready("/ready")
     return {"gateway": gateway, "interactive": interactive, "batch": batch}
+
+
+@pytest.fixture(scope="module")
+def tight(procs, tmp_path_factory):
+    """Each engine allowed a single request at a time."""
+    admission = {"initial_limit": 1, "max_limit": 1, "unbudgeted_limit": 1, "backfill_reserve": 0}
+    return engines_and_gateway(procs, tmp_path_factory.mktemp("admission"), admission)
+
+
+@pytest.fixture(scope="module")
+def lending(procs, tmp_path_factory):
+    """An interactive engine of two slots, one of which it may lend to batch, and a one-slot batch engine."""
+    admission = {"initial_limit": 2, "max_limit": 2, "unbudgeted_limit": 1, "backfill_reserve": 0}
+    return engines_and_gateway(procs, tmp_path_factory.mktemp("lending"), admission)
 
 
 def chat(url: str, max_tokens: int, priority: str = "interactive", headers: dict | None = None) -> httpx.Response:
@@ -72,22 +84,35 @@ def test_headers_cannot_loosen_the_budget(tight):
     assert any(r.status_code == 429 for r in answers)
 
 
-def test_backfilled_batch_is_preempted_for_interactive_and_still_completes(tight):
-    url = tight["gateway"].url
-    aborted_before = metric(tight["interactive"].url, "vllm:request_success_total", finished_reason="abort")
-    with cf.ThreadPoolExecutor(3) as pool:
+def test_backfilled_batch_is_preempted_for_interactive_and_still_completes(lending):
+    url = lending["gateway"].url
+    aborted_before = metric(lending["interactive"].url, "vllm:request_success_total", finished_reason="abort")
+    with cf.ThreadPoolExecutor(4) as pool:
         first = pool.submit(chat, url, 100, "batch")  # the batch engine
-
         time.sleep(0.3)
-        second = pool.submit(chat, url, 100, "batch")  # backfilled onto the idle interactive engine
+        second = pool.submit(chat, url, 100, "batch")  # backfilled onto the interactive engine's spare slot
         time.sleep(0.5)
-        assert metric(tight["interactive"].url, "vllm:num_requests_running") == 1
-        interactive = pool.submit(chat, url, 10, "interactive")
-        answers = [first.result(), second.result(), interactive.result()]
-    assert [r.status_code for r in answers] == [200, 200, 200]
-    assert answers[2].headers["x-gateway-pool"] == "interactive"
+        assert metric(lending["interactive"].url, "vllm:num_requests_running") == 1
+        reserved = pool.submit(chat, url, 60, "interactive")  # the slot kept in reserve
+        time.sleep(0.3)
+        interactive = pool.submit(chat, url, 10, "interactive")  # room only by stopping the batch request
+        answers = [first.result(), second.result(), reserved.result(), interactive.result()]
+    assert [r.status_code for r in answers] == [200, 200, 200, 200]
+    assert [r.headers["x-gateway-pool"] for r in answers[2:]] == ["interactive", "interactive"]
     assert answers[1].json()["usage"]["completion_tokens"] == 100
-    aborted = metric(tight["interactive"].url, "vllm:request_success_total", finished_reason="abort")
+    aborted = metric(lending["interactive"].url, "vllm:request_success_total", finished_reason="abort")
     assert aborted == aborted_before + 1
     text = httpx.get(url + "/metrics").text
     assert 'gateway_routing_decisions_total{engine="' in text and 'reason="preempted_backfill"' in text
+
+
+def test_backfill_leaves_a_one_slot_interactive_engine_alone(tight):
+    url = tight["gateway"].url
+    with cf.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(chat, url, 60, "batch")  # the batch engine
+        time.sleep(0.3)
+        second = pool.submit(chat, url, 10, "batch")  # waits for the batch engine, not the interactive slot
+        time.sleep(0.5)
+        assert metric(tight["interactive"].url, "vllm:num_requests_running") == 0
+        answers = [first.result(), second.result()]
+    assert [r.headers["x-gateway-pool"] for r in answers] == ["batch", "batch"]

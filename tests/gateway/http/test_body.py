@@ -45,6 +45,7 @@ def test_the_field_at_fault_is_named(body, param):
 def test_only_usable_max_tokens_are_read():
     assert max_tokens_of({"max_tokens": 16}) == 16
     assert max_tokens_of({"max_completion_tokens": 8}) == 8
+    assert max_tokens_of({"max_output_tokens": 4}) == 4
     assert max_tokens_of({"max_tokens": True}) is None
     assert max_tokens_of({"max_tokens": -1}) is None
     assert max_tokens_of({"max_tokens": "16"}) is None

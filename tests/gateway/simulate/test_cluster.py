@@ -85,6 +85,9 @@ def test_flood_and_admission_keep_interactive_within_budget():
     interactive, batch = r["by_class"]["interactive"], r["by_class"]["batch"]
     assert interactive["ttft_p99_ms"] <= 500 and interactive["itl_p99_ms"] <= 50
     assert batch["completed"] > 50
+    verdict = interactive["false_refusals"]
+    assert verdict["refused"] == interactive["rejected"] and verdict["replay_diverged"] == 0
+    assert "false_refusals" not in batch
 
 
 def test_single_engine_sweep_is_keyed_by_level():

@@ -1,3 +1,4 @@
+import math
 from pathlib import Path
 
 from gateway.upstream.scrape import parse_vllm_metrics
@@ -31,3 +32,23 @@ def test_sums_label_sets_and_ignores_the_rest():
     m = parse_vllm_metrics(text)
     assert (m.running, m.waiting, m.kv_usage, m.prefix_hits) == (5.0, 7.0, 0.25, 12.0)
     assert m.block_size is None
+
+
+def test_reads_the_engines_own_itl_histogram_summed_over_label_sets():
+    m = parse_vllm_metrics(REAL_DUMP.read_text())
+    assert m.itl_buckets is not None
+    bounds = [b for b, _ in m.itl_buckets]
+    assert bounds == sorted(bounds) and bounds[-1] == math.inf
+    assert dict(m.itl_buckets)[0.05] == 4486.0 and dict(m.itl_buckets)[math.inf] == 4715.0
+    text = "\n".join(
+        [
+            'vllm:inter_token_latency_seconds_bucket{engine="0",le="0.05",model_name="m"} 3.0',
+            'vllm:inter_token_latency_seconds_bucket{engine="1",le="0.05",model_name="m"} 4.0',
+            'vllm:inter_token_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 5.0',
+            'vllm:inter_token_latency_seconds_bucket{engine="1",le="+Inf",model_name="m"} 6.0',
+            'vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 5.0',
+            'vllm:inter_token_latency_seconds_bucket{engine="0",le="oops",model_name="m"} 1.0',
+        ]
+    )
+    assert parse_vllm_metrics(text).itl_buckets == ((0.05, 7.0), (math.inf, 11.0))
+    assert parse_vllm_metrics("vllm:num_requests_running 1").itl_buckets is None
