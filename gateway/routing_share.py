@@ -12,6 +12,9 @@ Rules:
   what the others said (``Dispatcher.lost_peers``) and routes on its own knowledge, drops what it
   would have sent (counted), sets ``gateway_routing_share_up`` to 0 and logs
   ``routing_share_lost`` once; it subscribes again with backoff and logs ``routing_share_resumed``.
+- A batch whose PUBLISH fails goes out again with the next one (after Redis restarts, the first
+  PUBLISH often meets a pooled connection that died with it); if that fails too, both are dropped
+  (counted). The sequence number counts only batches sent, so receivers see no gap for it.
 - A gap in a publisher's sequence numbers (batches Redis dropped, or that went by while this
   replica was reconnecting) is counted (``missed``) and logged at most once per ``LOG_EVERY_S``:
   the index lacks those facts and catches up as conversations continue.
@@ -32,7 +35,7 @@ from redis.exceptions import RedisError
 from gateway import log
 from gateway.config import RoutingShareConfig
 from gateway.core.dispatcher import Dispatcher
-from gateway.core.sharing import Batch, decode, encode
+from gateway.core.sharing import Batch, Learned, decode, encode
 from gateway.metrics import GatewayMetrics
 
 LOG_EVERY_S = 10.0
@@ -58,6 +61,7 @@ class RoutingShare:
         self._state = "starting"
         self._down_since = time.monotonic()
         self._sequence = 0
+        self._unsent: Learned | None = None
         self._heard_self = time.monotonic()
         self._logged: dict[str, float] = {}
         self._publisher_client: aioredis.Redis | None = None
@@ -150,20 +154,28 @@ class RoutingShare:
                 self.dispatcher.expire_peers(now, settings.silent_s)
                 self.metrics.share_peers.set(self.dispatcher.peers.active(now, settings.silent_s))
             learned = self.dispatcher.take_learned(full)
+            retry, self._unsent = self._unsent, None
+            if retry is not None:
+                retry.merge(learned)
+                learned = retry
             if not learned:
                 continue
             if not self.up:
                 self.metrics.share_batches.labels("dropped").inc()
                 continue
-            self._sequence += 1
-            data = encode(Batch(self.publisher, self._sequence, time.time(), self.block_chars, learned))
+            data = encode(Batch(self.publisher, self._sequence + 1, time.time(), self.block_chars, learned))
             assert self._publisher_client is not None
             try:
                 await self._publisher_client.publish(settings.channel, data)
             except (RedisError, OSError) as exc:
-                self.metrics.share_batches.labels("dropped").inc()
                 self._log_now("routing_share_publish_failed", reason=f"{type(exc).__name__}: {exc}")
+                if retry is not None:
+                    self.metrics.share_batches.labels("dropped").inc()
+                else:
+                    # Often a pooled connection that died while Redis restarted: the next try gets a new one.
+                    self._unsent = learned
                 continue
+            self._sequence += 1
             self.metrics.share_batches.labels("sent").inc()
             self.metrics.share_facts.labels("sent").inc(len(learned.facts))
             self.metrics.share_bytes.labels("sent").inc(len(data))

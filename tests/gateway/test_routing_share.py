@@ -137,10 +137,18 @@ def test_without_sharing_the_other_replica_pulls_the_next_turn_away(procs, tmp_p
 
 def test_a_redis_outage_leaves_each_replica_routing_on_its_own(procs, tmp_path_factory, engines, redis_server):
     a, b = replicas(procs, tmp_path_factory.mktemp("outage"), engines, redis_server.url, share=True)
+    # A conversation under way when Redis goes: its first turn through a, heard by b.
+    before_outage = [*conversation(200), user(200, 0)]
+    before = applied(b)
+    first = ask(a, before_outage)
+    heard(b, before)
     redis_server.kill()
     for gateway in (a, b):
         assert wait_for(lambda g=gateway: metric(g.url, "gateway_routing_share_up") == 0, timeout=10), gateway.log()
-    for c in range(200, 204):
+    # Every turn is still served; b learned the first turn before the outage and still routes by it.
+    before_outage += [{"role": "assistant", "content": "answer 0 " * 10}, user(200, 1)]
+    assert ask(b, before_outage) == first
+    for c in range(201, 204):
         messages = [*conversation(c), user(c, 0)]
         ask(a, messages)
         messages += [{"role": "assistant", "content": "answer 0 " * 10}, user(c, 1)]
@@ -149,6 +157,7 @@ def test_a_redis_outage_leaves_each_replica_routing_on_its_own(procs, tmp_path_f
         log = gateway.log_path.read_text()
         assert "event=routing_share_lost" in log
         assert "routing on this replica's own knowledge" in log
+        assert metric(gateway.url, "gateway_routing_share_batches_total", event="dropped") > 0
     redis_server.start()
     for gateway in (a, b):
         assert wait_for(lambda g=gateway: metric(g.url, "gateway_routing_share_up") == 1, timeout=15), gateway.log()
