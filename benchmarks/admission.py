@@ -32,11 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from gateway.simulate.cli import add_arguments
+from gateway.simulate.cli import run as run_sim
 
-from gateway.simulate.cli import add_arguments  # noqa: E402
-from gateway.simulate.cli import run as run_sim  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 AZURE = str(ROOT / "benchmarks/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv")
 PROFILES = "interactive=gemma4-nvfp4,batch=gemma4-nvfp4-mtp4"

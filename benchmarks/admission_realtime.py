@@ -20,17 +20,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import orjson
+
+from gateway.bench import loadgen, stats
+from gateway.bench.workload import load_arrivals
+from gateway.loopback import start_engine, start_gateway
+from gateway.simulate.cli import add_arguments
+from gateway.simulate.cli import run as run_sim
+from gateway.upstream.h1 import EngineClient, UpstreamError
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import orjson  # noqa: E402
-
-from gateway.bench import loadgen, stats  # noqa: E402
-from gateway.bench.workload import load_arrivals  # noqa: E402
-from gateway.simulate.cli import add_arguments  # noqa: E402
-from gateway.simulate.cli import run as run_sim  # noqa: E402
-from gateway.upstream.h1 import EngineClient, UpstreamError  # noqa: E402
-from tests.support.procs import start_engine, start_gateway  # noqa: E402
 
 RATE = 0.42
 PROFILES = "interactive=gemma4-nvfp4,batch=gemma4-nvfp4-mtp4"

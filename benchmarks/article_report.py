@@ -34,13 +34,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from engines.sim.profile import load_profile
+from engines.sim.sweep import run_level
+from gateway.cli import main as gateway_main
+from gateway.loopback import Proc, free_port
 
-from engines.sim.profile import load_profile  # noqa: E402
-from engines.sim.sweep import run_level  # noqa: E402
-from gateway.cli import main as gateway_main  # noqa: E402
-from tests.support.procs import Proc, free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RAW = ROOT / "benchmarks" / "results" / "article_report"
 FIGURES = ROOT / "docs" / "figures"

@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from engines.sim.profile import available_profiles, load_profile
+from engines.sim.sweep import DEFAULT_LEVELS, run_level, run_sweep
 
-from engines.sim.profile import available_profiles, load_profile  # noqa: E402
-from engines.sim.sweep import DEFAULT_LEVELS, run_level, run_sweep  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TTFT_SLO_MS = 500.0
 ITL_SLO_MS = 50.0

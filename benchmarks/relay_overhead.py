@@ -20,10 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from gateway.loopback import Proc, free_port
 
-from tests.support.procs import Proc, free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = "sim-model"
 WRK_SCRIPT = """

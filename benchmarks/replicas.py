@@ -40,17 +40,18 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import httpx
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+import gateway.simulate.cli as sim_cli
+from gateway.core import prefix_policy
+from gateway.core.dispatcher import Dispatch, Dispatcher
+from gateway.core.routing import Choice
+from gateway.core.sharing import Batch, decode, encode
+from gateway.loopback import Proc, free_port, start_engine, start_gateway
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import httpx  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-import gateway.simulate.cli as sim_cli  # noqa: E402
-from gateway.core import prefix_policy  # noqa: E402
-from gateway.core.dispatcher import Dispatch, Dispatcher  # noqa: E402
-from gateway.core.routing import Choice  # noqa: E402
-from gateway.core.sharing import Batch, decode, encode  # noqa: E402
 
 MOONCAKE = str(ROOT / "benchmarks/traces/mooncake/conversation_trace.jsonl")
 COMMON = [
@@ -313,16 +314,30 @@ def _half_traces(tmp: Path, minutes: float) -> list[Path]:
     return halves
 
 
-def realtime(minutes: float) -> dict[str, Any]:
-    from tests.support.procs import start_engine, start_gateway
-    from tests.support.redis import RedisServer
+def _redis_server(tmp: Path) -> Proc:
+    port = free_port()
+    cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp), "--save", ""]
+    server = Proc(cmd, f"redis://127.0.0.1:{port}/0", tmp / "redis.log").start()
+    client = redis.Redis(port=port, socket_connect_timeout=0.2)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if client.ping():
+                client.close()
+                return server
+        except redis.exceptions.RedisError:
+            if time.monotonic() > deadline or not server.alive:
+                raise RuntimeError(f"redis-server did not start:\n{server.log()}") from None
+            time.sleep(0.05)
 
+
+def realtime(minutes: float) -> dict[str, Any]:
     out: dict[str, Any] = {"minutes": minutes, "engines": 8, "replicas": 2, "runs": {}}
     for share in (True, False):
         name = "shared" if share else "unshared"
         with tempfile.TemporaryDirectory() as tmpdir:
             tmp = Path(tmpdir)
-            redis = RedisServer(tmp).start()
+            store = _redis_server(tmp)
             engines = [start_engine(tmp, "--profile", "h200-32b-fp8") for _ in range(8)]
             procs = list(engines)
             try:
@@ -331,7 +346,7 @@ def realtime(minutes: float) -> dict[str, Any]:
                 config = {
                     "pools": {"interactive": {"engines": [e.url for e in engines]}},
                     "admission": {"enabled": False},
-                    "store": redis.url,
+                    "store": store.url,
                     "prefix": {"share": {"enabled": share}},
                     "log_level": "warning",
                 }
@@ -354,7 +369,7 @@ def realtime(minutes: float) -> dict[str, Any]:
             finally:
                 for proc in reversed(procs):
                     proc.stop()
-                redis.stop()
+                store.stop()
     out["core_cost_per_fact_us"] = _core_cost()
     return out
 
@@ -409,7 +424,8 @@ def _core_cost() -> dict[str, float]:
     batches = []
     for i, tr in enumerate(trace):
         prefix = hash_blocks(tr.text(), chain_seed("sim-model"))
-        out = sender.submit(RouteRequest(f"r{i}", "interactive", "sim-model", 0.0, tr.input_len, prefix=prefix), 0.0)
+        req = RouteRequest(f"r{i}", "interactive", "sim-model", 0.0, tr.input_len, prefix=prefix)
+        out = sender.submit(req, 0.0).answer
         assert isinstance(out, Dispatch)
         sender.finish(out, 0.0)
         batches.append(Batch(b"p" * 16, i + 1, 0.0, 64, sender.take_learned()))

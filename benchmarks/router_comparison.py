@@ -21,12 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+
+from gateway.loopback import Proc, free_port, start_engine, start_gateway
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import httpx  # noqa: E402
-
-from tests.support.procs import Proc, free_port, start_engine, start_gateway  # noqa: E402
 
 MOONCAKE = ROOT / "benchmarks/traces/mooncake/conversation_trace.jsonl"
 

@@ -26,11 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from gateway.simulate.cli import add_arguments
+from gateway.simulate.cli import run as run_sim
 
-from gateway.simulate.cli import add_arguments  # noqa: E402
-from gateway.simulate.cli import run as run_sim  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MOONCAKE = str(ROOT / "benchmarks/traces/mooncake/conversation_trace.jsonl")
 HOT = "hot:rate=8,prompts=64,prompt_len=8192,user_len=512,output=128,zipf=1.1,minutes=10"

@@ -25,10 +25,9 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from gateway.loopback import Proc, rss_bytes, start_engine, start_gateway
 
-from tests.support.procs import Proc, rss_bytes, start_engine, start_gateway  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = "sim-model"
 MIB = 1024 * 1024

@@ -2,6 +2,9 @@
 
 ``gateway serve`` with no config runs two interactive and two batch simulator processes
 on free loopback ports, so a fresh machine has a working stack with no setup.
+
+This is the serving side's one seam to the simulator (``engines.sim``): it starts it as a
+process and lends precise prefix mode its tokenization (``tokenizer: sim``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,3 +118,17 @@ class EmbeddedEngines:
             if pool == "batch":
                 pools[pool]["scheduling_policy"] = "priority"
         return {"pools": pools}
+
+
+class SimTokenizer:
+    """The simulator's tokenization (``engines.sim.tokens``): 4 characters a token."""
+
+    def chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        from engines.sim import tokens
+
+        return tokens.token_ids(tokens.render_chat(messages))
+
+    def text(self, prompt: str) -> list[int]:
+        from engines.sim import tokens
+
+        return tokens.token_ids(prompt)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
 import orjson
+from starlette.types import Send
 
 ERROR_TYPES: dict[int, str] = {
     400: "invalid_request_error",
@@ -86,7 +84,7 @@ def excerpt(value: object, limit: int = 64) -> str:
     return {dict: "an object", list: "an array", int: "a number"}.get(type(value), type(value).__name__)
 
 
-async def send_error(send: Callable[[dict[str, Any]], Awaitable[None]], exc: ApiError) -> None:
+async def send_error(send: Send, exc: ApiError) -> None:
     """Answer an ASGI request with ``exc``."""
     await send({"type": "http.response.start", "status": exc.status, "headers": exc.response_headers()})
     await send({"type": "http.response.body", "body": exc.body()})

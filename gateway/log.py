@@ -74,7 +74,8 @@ def _emit(level: int, name: str, extra: dict[str, object], exc_info: bool = Fals
     _logger.handle(record)
 
 
-def event(name: str, level: int = logging.INFO, exc_info: bool = False, **fields: object) -> None:
+def event(name: str, level: int = logging.INFO, exc_info: bool = False, /, **fields: object) -> None:
+    # Positional only: a field may be called anything, ``level`` and ``exc_info`` included.
     if _logger.isEnabledFor(level):
         request_id = REQUEST_ID.get()
         if request_id is not None and "request_id" not in fields:
@@ -98,7 +99,7 @@ def warning(name: str, **fields: object) -> None:
 
 
 def error(name: str, exc_info: bool = False, **fields: object) -> None:
-    event(name, logging.ERROR, exc_info=exc_info, **fields)
+    event(name, logging.ERROR, exc_info, **fields)
 
 
 def debug(name: str, **fields: object) -> None:

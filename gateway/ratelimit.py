@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import Any
+
+from starlette.types import Message, Send
 
 from gateway import log
 from gateway.auth import Principal
@@ -68,7 +69,7 @@ class RateLimiter:
                 retry_after_s=decision.retry_after_s,
             )
 
-    def meter(self, principal: Principal, req: RouteRequest, send: Any) -> Meter | None:
+    def meter(self, principal: Principal, req: RouteRequest, send: Send) -> Meter | None:
         """A meter of the response's completion tokens when the key has a TPM limit: send through
         ``Meter.send`` and call ``Meter.close`` when the request ends, however it ends."""
         if principal.key_id is None or not principal.tpm:
@@ -92,14 +93,14 @@ class RateLimiter:
 class Meter:
     __slots__ = ("_key_id", "_limiter", "_send", "_usage", "charged")
 
-    def __init__(self, limiter: RateLimiter, key_id: str, max_tokens: int | None, send: Any) -> None:
+    def __init__(self, limiter: RateLimiter, key_id: str, max_tokens: int | None, send: Send) -> None:
         self._limiter = limiter
         self._key_id = key_id
         self._send = send
         self._usage = _UsageWatch(max_tokens)
         self.charged = False
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: Message) -> None:
         # Counted before it goes out: a client gone by now has still been sent these tokens.
         if message["type"] == "http.response.start":
             self._usage.status = message["status"]

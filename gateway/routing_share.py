@@ -110,7 +110,7 @@ class RoutingShare:
                 self._lost(f"{type(exc).__name__}: {exc}")
             finally:
                 with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves PubSub.aclose untyped
                 with contextlib.suppress(RedisError, OSError):
                     await client.aclose()
             await asyncio.sleep(backoff)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING
@@ -18,21 +17,14 @@ from gateway.auth import Authenticator
 from gateway.batch import BatchService
 from gateway.config import Config, PoolConfig
 from gateway.core.classes import CLASSES, Budget
-from gateway.core.dispatcher import (
-    AdmissionSettings,
-    Dispatch,
-    Dispatcher,
-    Outcome,
-    PoolSpec,
-    Preempted,
-    Rejection,
-)
+from gateway.core.dispatcher import AdmissionSettings, Dispatcher, PoolSpec
 from gateway.core.limiter import LimitSettings
-from gateway.core.request import RouteRequest
 from gateway.keys import KeyAuthenticator
 from gateway.metrics import GatewayMetrics
+from gateway.placement import Placement
 from gateway.ratelimit import RateLimiter
 from gateway.routing_share import RoutingShare
+from gateway.scheduler import Scheduler
 from gateway.store import open_store
 from gateway.tokenizers import load_tokenizer
 from gateway.upstream.h1 import EngineClient
@@ -126,10 +118,8 @@ class Gateway:
         self.auth: Authenticator = auth or self.keys
         self.limiter: RateLimiter | None = RateLimiter(self.store)
         self.batches = BatchService(self.store, config.batch, self.metrics, self.model_ids)
-        self.block_chars = config.prefix.block_chars
-        self.block_tokens = config.prefix.block_tokens
         self._configured_models = {p.model for p in config.pools.values() if p.model}
-        self._waiters: dict[str, asyncio.Future[Outcome]] = {}
+        self.scheduler = Scheduler(self.dispatcher)
         self._poller: asyncio.Task[None] | None = None
         self.on_stop: list[Callable[[], None]] = []
         self.tracing: Tracing | None = None
@@ -139,6 +129,9 @@ class Gateway:
             for name, pool in config.pools.items()
             if pool.kv_events
         }
+        self.placement = Placement(
+            self.scheduler.home, self.model_ids, self.precise, config.prefix.block_chars, config.prefix.block_tokens
+        )
         self.kv_feeds: dict[str, KVFeed] = {
             name: KVFeed(name, pool.kv_events, self.dispatcher, pool.kv_events_topics)
             for name, pool in config.pools.items()
@@ -147,8 +140,6 @@ class Gateway:
         self.routing_share = self._routing_share(config)
         self.monitor.on_watch.append(self._engine_watched)
         self.monitor.on_unwatch.append(self._engine_unwatched)
-        # Running relays by request id: how to stop one that the core preempts.
-        self.active: dict[str, Callable[[], bool]] = {}
 
     def _routing_share(self, config: Config) -> RoutingShare | None:
         """Replicas on Redis share what they route (``prefix.share``); with ``memory`` there is one replica."""
@@ -219,9 +210,7 @@ class Gateway:
         await self.monitor.close()
         for feed in self.kv_feeds.values():
             await feed.close()
-        for fut in self._waiters.values():
-            if not fut.done():
-                fut.cancel()
+        self.scheduler.close()
         for callback in self.on_stop:
             callback()
         log.info("gateway_stopped")
@@ -229,58 +218,9 @@ class Gateway:
     async def _poll_loop(self) -> None:
         while True:
             await asyncio.sleep(POLL_INTERVAL_S)
-            self.settle(self.dispatcher.poll(time.monotonic()))
-            for change in self.dispatcher.take_limit_changes():
-                log.info(
-                    "concurrency_limit", engine=change.engine, old=change.old, new=change.new, reason=change.reason
-                )
+            self.scheduler.poll()
 
     # -- models ------------------------------------------------------------------------
 
     def model_ids(self) -> set[str]:
         return self.monitor.model_ids() | self._configured_models
-
-    # -- queued requests ------------------------------------------------------------------
-
-    async def wait_turn(self, req: RouteRequest) -> Outcome:
-        fut = self._waiters.get(req.id)
-        if fut is None:
-            fut = self._waiters[req.id] = asyncio.get_running_loop().create_future()
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            now = time.monotonic()
-            outcome = fut.result() if fut.done() and not fut.cancelled() else None
-            if isinstance(outcome, Dispatch):
-                # Our turn came in the same instant the waiter left: give the slot straight back.
-                self.settle(self.dispatcher.finish(outcome, now, ok=False))
-            else:
-                self.dispatcher.cancel(req, now)
-            raise
-        finally:
-            self._waiters.pop(req.id, None)
-
-    def _preempt(self, outcome: Preempted) -> None:
-        req = outcome.request
-        stop = self.active.get(req.id)
-        if stop is not None and stop():
-            # Its next turn may come within this very batch of outcomes: be there to take it.
-            self._waiters[req.id] = asyncio.get_running_loop().create_future()
-        else:
-            # It finished (or started answering) meanwhile: drop the copy the core queued again.
-            self.dispatcher.cancel(req, time.monotonic())
-
-    def settle(self, outcomes: list[Outcome]) -> None:
-        """Hand queued requests their turn (or their refusal)."""
-        for outcome in outcomes:
-            if isinstance(outcome, Preempted):
-                self._preempt(outcome)
-                continue
-            fut = self._waiters.get(outcome.request.id)
-            if fut is not None and not fut.done():
-                fut.set_result(outcome)
-            elif isinstance(outcome, Dispatch):
-                # Nobody waits for it any more: give the slot back.
-                self.settle(self.dispatcher.finish(outcome, time.monotonic(), ok=False))
-            elif not isinstance(outcome, Rejection):
-                log.warning("unsettled_outcome", request_id=outcome.request.id)

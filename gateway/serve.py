@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
+import ssl
 
 import uvicorn
 
 from gateway import log
-from gateway.config import Config, Raw, load_config
+from gateway.config import Config, ConfigError, ListenConfig, Raw, load_config
 from gateway.config.env import PREFIX, unread
 from gateway.embedded import EmbeddedEngines
 from gateway.http.app import GatewayApp
@@ -21,11 +23,13 @@ from gateway.runtime import Gateway
 POOLS_OVERRIDE = PREFIX + "POOLS__"
 
 
-def uvicorn_config(app: GatewayApp, host: str, port: int, limits: ClientLimits) -> uvicorn.Config:
+def uvicorn_config(app: GatewayApp, listen: ListenConfig, limits: ClientLimits) -> uvicorn.Config:
     return uvicorn.Config(
         app,
-        host=host,
-        port=port,
+        host=listen.host,
+        port=listen.port,
+        ssl_certfile=listen.ssl_certfile,
+        ssl_keyfile=listen.ssl_keyfile,
         loop="uvloop",
         http=protocol_class(limits),
         lifespan="on",
@@ -34,7 +38,7 @@ def uvicorn_config(app: GatewayApp, host: str, port: int, limits: ClientLimits) 
         date_header=False,
         log_level="warning",
         backlog=4096,
-        timeout_keep_alive=limits.keepalive_timeout_s,
+        timeout_keep_alive=math.ceil(limits.keepalive_timeout_s),  # uvicorn counts whole seconds
     )
 
 
@@ -80,15 +84,27 @@ async def serve(config_path: str | None, host: str | None, port: str | None, log
             # stop the engines in the lifespan shutdown instead.
             gateway.on_stop.append(embedded.stop)
         listen = config.listen
+        check_certificate(listen)
         limits = fit_descriptors(config.limits)
-        server = uvicorn.Server(uvicorn_config(GatewayApp(gateway), listen.host, listen.port, limits))
-        log.info("listening", url=f"http://{listen.host}:{listen.port}", embedded=embedded is not None)
+        server = uvicorn.Server(uvicorn_config(GatewayApp(gateway), listen, limits))
+        log.info("listening", url=f"{listen.scheme}://{listen.host}:{listen.port}", embedded=embedded is not None)
         if embedded is not None:
             print(_try_line(listen.host, listen.port, embedded.model), flush=True)
         await server.serve()
     finally:
         if embedded is not None:
             embedded.stop()
+
+
+def check_certificate(listen: ListenConfig) -> None:
+    """Refuse, in one line and before anything listens, a certificate or key uvicorn could not load."""
+    if listen.ssl_certfile is None:
+        return
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(listen.ssl_certfile, listen.ssl_keyfile)
+    except OSError as exc:  # ssl.SSLError is one too
+        reason = getattr(exc, "reason", None) or exc.strerror or str(exc)
+        raise ConfigError(f"cannot load the certificate and key: {reason}", ["listen", "ssl_certfile"]) from None
 
 
 def option(value: str | None, name: str) -> Raw | None:

@@ -4,7 +4,7 @@ The approximate prefix mode hashes text and needs no tokenizer. Precise mode mat
 engines' own KV cache blocks, which are made of token ids, so the gateway must tokenize the
 prompt as the engine does: the model's tokenizer and chat template (``tokenizer: <model dir>``,
 with ``tokenizer.json`` and ``tokenizer_config.json`` as Hugging Face writes them), or the
-simulator's own scheme (``tokenizer: sim``).
+simulator's own scheme (``tokenizer: sim``, lent by ``gateway.embedded``).
 """
 
 from __future__ import annotations
@@ -21,20 +21,6 @@ class PromptTokenizer(Protocol):
     def chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]: ...
 
     def text(self, prompt: str) -> list[int]: ...
-
-
-class SimTokenizer:
-    """The simulator's tokenization (``engines.sim.tokens``): 4 characters a token."""
-
-    def chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        from engines.sim import tokens
-
-        return tokens.token_ids(tokens.render_chat(messages))
-
-    def text(self, prompt: str) -> list[int]:
-        from engines.sim import tokens
-
-        return tokens.token_ids(prompt)
 
 
 class HFTokenizer:
@@ -70,6 +56,8 @@ class HFTokenizer:
 
 def load_tokenizer(spec: str) -> PromptTokenizer:
     if spec == "sim":
+        from gateway.embedded import SimTokenizer
+
         return SimTokenizer()
     return HFTokenizer(spec)
 

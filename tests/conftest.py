@@ -1,6 +1,7 @@
 import pytest
 
 from tests.support.procs import Proc
+from tests.support.tls import make_certs
 
 
 @pytest.fixture(scope="module")
@@ -10,3 +11,9 @@ def procs(tmp_path_factory):
     yield started
     for proc in reversed(started):
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory):
+    """A private CA and a server certificate it signed for 127.0.0.1 (``tests.support.tls``)."""
+    return make_certs(tmp_path_factory.mktemp("certs"))

@@ -59,10 +59,11 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from engines.sim import tokens
-from engines.sim.kv_cache import BlockOwner, KVCache, KVEvent, TokenIdsOf
+from engines.sim.kv_cache import BlockOwner, KVCache, TokenIdsOf
 from engines.sim.lora import RUNNING_EVENT, WAITING_EVENT, Applied, LoraAdapter, LoraRequestStates, LoraSlots
 from engines.sim.profile import Profile
 from engines.sim.stats import EngineStats, RequestTimes
+from gateway.core.kv_events import KVEvent
 
 FCFS = "fcfs"
 PRIORITY = "priority"
@@ -450,9 +451,10 @@ class EngineCore:
             loras = {s.req.lora.int_id for s in scheduled if s.req.lora is not None}
             skipped: list[_Seq] = []
             while budget > 0 and len(running) < self.max_num_seqs:
-                seq = self._peek_waiting()
-                if seq is None:
+                waiting = self._peek_waiting()
+                if waiting is None:
                     break
+                seq = waiting
                 lora = seq.req.lora
                 if lora is not None and len(loras) >= self.max_loras and lora.int_id not in loras:
                     self._pop_waiting()

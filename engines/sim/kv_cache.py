@@ -11,7 +11,8 @@ Rules:
   the queue; taking a block that carries a hash evicts it (``BlockRemoved``).
 - A hit on a free block takes it out of the free queue (it is in use again).
 - Usage is the share of blocks not free, as ``vllm:kv_cache_usage_perc``.
-- When ``events`` is a list, ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` records are
+- When ``events`` is a list, ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` records (the
+  gateway's own event types, ``gateway.core.kv_events``) are
   appended to it in the order they happen, as vLLM's KV event publisher reports them. A stored
   block carries its request's LoRA adapter (``lora_id``, ``lora_name``) and, per block, vLLM's
   untagged extra keys: the adapter's name, then the ``cache_salt`` on a prompt's first block.
@@ -23,6 +24,8 @@ import copy
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+
+from gateway.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,28 +43,6 @@ class BlockOwner:
         return keys or None
 
 
-@dataclass(slots=True, frozen=True)
-class BlockStored:
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None = None
-    lora_name: str | None = None
-    extra_keys: list[list[str] | None] | None = None
-
-
-@dataclass(slots=True, frozen=True)
-class BlockRemoved:
-    block_hashes: list[int]
-
-
-@dataclass(slots=True, frozen=True)
-class AllBlocksCleared:
-    pass
-
-
-KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 TokenIdsOf = Callable[[int, int], list[int]]
 """``(block_index, block_hash) -> token ids`` of a block, for ``BlockStored`` events."""
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, assert_never
 
 import msgpack
 import zmq
 
-from engines.sim.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from gateway.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 
 def should_bind(endpoint: str) -> bool:
@@ -28,29 +28,32 @@ def should_bind(endpoint: str) -> bool:
 
 
 def event_dict(event: KVEvent) -> dict[str, Any]:
-    if isinstance(event, BlockStored):
-        return {
-            "type": "BlockStored",
-            "block_hashes": event.block_hashes,
-            "parent_block_hash": event.parent_block_hash,
-            "token_ids": event.token_ids,
-            "block_size": event.block_size,
-            "lora_id": event.lora_id,
-            "medium": "GPU",
-            "lora_name": event.lora_name,
-            "extra_keys": event.extra_keys if event.extra_keys is not None else [None] * len(event.block_hashes),
-            "group_idx": 0,
-            "kv_cache_spec_kind": "full_attention",
-        }
-    if isinstance(event, BlockRemoved):
-        return {"type": "BlockRemoved", "block_hashes": event.block_hashes, "medium": "GPU", "group_idx": 0}
-    if isinstance(event, AllBlocksCleared):
-        return {"type": "AllBlocksCleared"}
-    raise TypeError(f"not a KV event: {event!r}")
+    match event:
+        case BlockStored():
+            extra = event.extra_keys
+            return {
+                "type": "BlockStored",
+                "block_hashes": list(event.block_hashes),
+                "parent_block_hash": event.parent_block_hash,
+                "token_ids": list(event.token_ids),
+                "block_size": event.block_size,
+                "lora_id": event.lora_id,
+                "medium": "GPU",
+                "lora_name": event.lora_name,
+                "extra_keys": list(extra) if extra is not None else [None] * len(event.block_hashes),
+                "group_idx": 0,
+                "kv_cache_spec_kind": "full_attention",
+            }
+        case BlockRemoved():
+            return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes), "medium": "GPU", "group_idx": 0}
+        case AllBlocksCleared():
+            return {"type": "AllBlocksCleared"}
+    assert_never(event)
 
 
 def encode_batch(events: Sequence[KVEvent], ts: float, dp_rank: int = 0) -> bytes:
-    return msgpack.packb([ts, [event_dict(e) for e in events], dp_rank])
+    packed: bytes = msgpack.packb([ts, [event_dict(e) for e in events], dp_rank])
+    return packed
 
 
 class ZmqPublisher:
@@ -58,7 +61,7 @@ class ZmqPublisher:
         self.endpoint = endpoint
         self.topic = topic.encode()
         self.seq = 0
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PUB)
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 0)

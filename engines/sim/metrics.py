@@ -16,12 +16,14 @@ Rules:
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable
 
 from prometheus_client.utils import floatToGoString
 
 from engines.sim.core import EngineCore
-from engines.sim.stats import FINISH_REASONS, Histogram
+from engines.sim.stats import FINISH_REASONS, EngineStats, Histogram
 
 _COUNTER = "counter"
 _GAUGE = "gauge"
@@ -83,8 +85,15 @@ HELP = {
 Value = Callable[[], float]
 
 
+_go_float: Callable[[float], str] = floatToGoString  # prometheus_client publishes no types
+
+
 def _num(value: float) -> str:
-    return floatToGoString(value)
+    return _go_float(value)
+
+
+def _finished(stats: EngineStats, reason: str) -> Value:
+    return lambda: stats.finished.get(reason, 0)
 
 
 def _labels(pairs: dict[str, str]) -> str:
@@ -218,7 +227,7 @@ class MetricsPage:
         self._counter("generation_tokens", [({}, lambda: stats.generation_tokens)])
         self._counter(
             "request_success",
-            [({"finished_reason": r}, (lambda r=r: stats.finished.get(r, 0))) for r in FINISH_REASONS],
+            [({"finished_reason": r}, _finished(stats, r)) for r in FINISH_REASONS],
         )
         self._counter(
             "admission_rejections",
@@ -243,7 +252,7 @@ class MetricsPage:
             ("request_num_preemptions", "request_preemptions"),
             ("request_prefill_kv_computed_tokens", "request_prefill_kv_computed"),
         ):
-            self._histogram(name, lambda attr=attr: getattr(stats, attr))
+            self._histogram(name, functools.partial(operator.attrgetter(attr), stats))
         if core.lora_slots is not None:
             self._parts.append(self._lora_info)
         self._static(self._head("cache_config_info", _GAUGE, "cache_config_info") + self._cache_config_line())

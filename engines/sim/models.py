@@ -91,7 +91,7 @@ def read_adapter_rank(path: str) -> int:
     ranks = [config.get("r", 8), *(config.get("rank_pattern") or {}).values()]
     if not all(isinstance(r, int) and r > 0 for r in ranks):
         raise ValueError(f"adapter_config.json has an invalid rank: {ranks}")
-    return max(ranks)
+    return int(max(ranks))
 
 
 class ServedModels:

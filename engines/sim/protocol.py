@@ -117,8 +117,9 @@ def parse_generate(body: dict[str, Any], kind: str, served_model: str, max_model
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise ApiError(400, "Field required: messages must be a list of message objects", "messages")
-        text: str | None = tokens.render_chat(messages)
-        prompt_tokens = tokens.count_tokens(text)
+        chat = tokens.render_chat(messages)
+        text: str | None = chat
+        prompt_tokens = tokens.count_tokens(chat)
         request_id = "chatcmpl-" + os.urandom(16).hex()
     else:
         text, prompt_ids = _completion_prompt(body.get("prompt"))

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from engines.sim.core import EngineCore, EngineRequest, StepOutput
-from engines.sim.kv_cache import KVEvent
+from gateway.core.kv_events import KVEvent
 
 Clock = Callable[[], float]
 Publish = Callable[[Sequence[KVEvent]], None]

@@ -304,7 +304,7 @@ class EventWriter:
             text = "".join(self._text)
             ids = {"content_index": 0, "item_id": self._item_id}
             out += self._event("response.output_text.done", {**ids, "logprobs": [], "output_index": 0, "text": text})
-            part = {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
+            part: dict[str, Any] = {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
             out += self._event("response.content_part.done", {**ids, "output_index": 0, "part": part})
             item = message_item(self._item_id, text, "completed")
             out += self._event("response.output_item.done", {"item": item, "output_index": 0})

@@ -24,10 +24,11 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
+from starlette.types import Receive, Scope, Send
 
 from engines.sim import protocol, responses, tokens
 from engines.sim.core import PRIORITY, EngineCore, EngineRequest
@@ -38,11 +39,6 @@ from engines.sim.protocol import CHAT, COMPLETION, ApiError, ParsedRequest
 from engines.sim.realtime import RealtimeDriver, Stream
 from engines.sim.responses import ResponsesRequest
 from engines.sim.tracing import RequestTracer, trace_headers
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
@@ -344,7 +340,7 @@ def _str_field(body: dict[str, Any], name: str) -> str:
 
 async def _read_body(receive: Receive) -> bytes:
     message = await receive()
-    body = message.get("body", b"")
+    body: bytes = message.get("body", b"")
     if not message.get("more_body", False):
         return body
     parts = [body]

@@ -26,6 +26,10 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 VOCAB_SIZE = 4096
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -47,7 +51,7 @@ def corpus_files() -> list[Path]:
     return sorted(stdlib.glob("*.py"))
 
 
-def train_tokenizer(files: list[Path]):  # -> tokenizers.Tokenizer
+def train_tokenizer(files: list[Path]) -> Tokenizer:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -64,7 +68,7 @@ def train_tokenizer(files: list[Path]):  # -> tokenizers.Tokenizer
     return tokenizer
 
 
-def save_tokenizer(tokenizer, out: Path) -> None:  # tokenizer: tokenizers.Tokenizer
+def save_tokenizer(tokenizer: Tokenizer, out: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(

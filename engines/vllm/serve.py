@@ -167,7 +167,7 @@ class Engine:
 def health_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-            return response.status == 200
+            return bool(response.status == 200)
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return False
 

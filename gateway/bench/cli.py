@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from gateway.bench import loadgen, report, stats
+from gateway.bench.clients import Client, open_client
 from gateway.bench.progress import Progress
 from gateway.bench.workload import (
     DEFAULT_VOCAB_SIZE,
@@ -36,11 +37,12 @@ from gateway.bench.workload import (
     load_arrivals,
     trace_label,
 )
-from gateway.upstream.h1 import EngineClient, UpstreamError
+from gateway.upstream.h1 import UpstreamError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True, help="endpoint base URL, e.g. http://127.0.0.1:8080 (http only)")
+    p.add_argument("--url", required=True, help="endpoint base URL: http://127.0.0.1:8080, https://host/v1")
+    p.add_argument("--ca-file", default=None, help="https: CA bundle that signs the endpoint's certificate")
     p.add_argument("--out", required=True, type=Path, help="directory for results.json, report.png, report.html")
     p.add_argument("--concurrency", default=None, help="closed loop at each level: 1,2,4,8")
     p.add_argument("--trace", action="append", default=[], help="replay a trace (Mooncake .jsonl, Azure .csv), @class")
@@ -74,6 +76,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command_line(args: argparse.Namespace) -> str:
     """The command, every setting spelled out (the API key hidden)."""
     parts = ["gateway", "bench", "--url", args.url]
+    if args.ca_file:
+        parts += ["--ca-file", args.ca_file]
     if args.concurrency:
         parts += ["--concurrency", args.concurrency, "--duration", f"{_duration(args):g}"]
         parts += ["--ramp-up", f"{args.ramp_up:g}"]
@@ -110,7 +114,7 @@ def _base_url(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-async def _model(client: EngineClient) -> str:
+async def _model(client: Client) -> str:
     status, body = await client.get(b"/v1/models", timeout_s=10.0)
     if status != 200:
         raise SystemExit(f"gateway bench: GET /v1/models answered {status}; give --model")
@@ -166,7 +170,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     token_ids = TokenIds(args.vocab_size) if args.token_ids else None
     url = _base_url(args.url)
     try:
-        client = EngineClient(url, read_timeout=args.timeout, max_idle=max([*levels, 1024]), api_key=args.api_key)
+        connections = max([*levels, 1024])
+        client = open_client(
+            url, read_timeout=args.timeout, connections=connections, api_key=args.api_key, ca_file=args.ca_file
+        )
     except ValueError as exc:
         raise SystemExit(f"gateway bench: {exc}") from None
     started = datetime.now(UTC).isoformat(timespec="seconds")
@@ -235,7 +242,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"bench_run run={label} {_summary(row)}", file=sys.stderr, flush=True)
                 results["runs"].append(row)
     finally:
-        client.close()
+        await client.aclose()
     return results
 
 

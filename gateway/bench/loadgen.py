@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from gateway.bench.clients import Client
 from gateway.bench.workload import RequestSpec, SyntheticWorkload, TraceArrival
-from gateway.upstream.h1 import ConnectError, EngineClient, ReadTimeout, UpstreamError
+from gateway.upstream.h1 import ConnectError, ReadTimeout, UpstreamError
 
 now = time.perf_counter
 MAX_RETRY_AFTER_S = 60.0
@@ -66,7 +67,7 @@ class Sample:
 class Target:
     """The endpoint and how to ask it: path, model, class header, body options."""
 
-    client: EngineClient
+    client: Client
     model: str
     endpoint: str = "chat"
     x_priority: str | None = None
@@ -189,7 +190,7 @@ async def stream_one(target: Target, spec: RequestSpec, sample: Sample) -> None:
         sample.cancelled = True
         raise
     finally:
-        response.close()
+        await response.aclose()
         sample.done = now()
 
 

@@ -56,6 +56,21 @@ class ListenConfig:
     """Address to listen on; ``0.0.0.0`` for every interface (containers)."""
     port: Annotated[int, Interval(ge=1, le=65535)] = 8080
     """TCP port to listen on."""
+    ssl_certfile: str | None = None
+    """Serve HTTPS with this certificate (PEM, the chain after it); needs ``ssl_keyfile``. Default:
+    plain HTTP, for a proxy or ingress in front that terminates TLS."""
+    ssl_keyfile: str | None = None
+    """The private key of ``ssl_certfile`` (PEM)."""
+
+    def validated(self) -> ListenConfig:
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            missing = "ssl_keyfile" if self.ssl_keyfile is None else "ssl_certfile"
+            raise ConfigError("HTTPS needs both ssl_certfile and ssl_keyfile", [missing])
+        return self
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_certfile else "http"
 
 
 @dataclass(frozen=True, slots=True)

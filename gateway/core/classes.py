@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.core.reasons import Refusal
+
 INTERACTIVE = "interactive"
 BATCH = "batch"
 CLASSES: tuple[str, ...] = (INTERACTIVE, BATCH)
@@ -21,13 +23,12 @@ CLASS_RANK: dict[str, int] = {INTERACTIVE: 0, BATCH: 1}
 
 
 class ClassificationError(ValueError):
-    """The request asked for a class it cannot have."""
+    """The request asked for a class (or a budget) it cannot have."""
 
-    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
+    def __init__(self, reason: Refusal, message: str, param: str | None = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.reason = reason
         self.message = message
-        self.code = code
         self.param = param
 
 
@@ -53,9 +54,12 @@ def _parse_ms(value: str | None, header: str) -> float | None:
     try:
         ms = float(value)
     except ValueError:
-        raise ClassificationError(400, f"{header} must be a number of milliseconds", "invalid_header", header) from None
+        raise ClassificationError(
+            Refusal.INVALID_HEADER, f"{header} must be a number of milliseconds", header
+        ) from None
     if not ms > 0 or ms != ms or ms == float("inf"):
-        raise ClassificationError(400, f"{header} must be a positive number of milliseconds", "invalid_header", header)
+        message = f"{header} must be a positive number of milliseconds"
+        raise ClassificationError(Refusal.INVALID_HEADER, message, header)
     return ms / 1000.0
 
 
@@ -75,17 +79,15 @@ def classify(header: str | None, default: str = INTERACTIVE, allowed: frozenset[
         cls = header.strip().lower()
         if cls not in CLASS_RANK:
             raise ClassificationError(
-                400,
+                Refusal.INVALID_PRIORITY,
                 # Only a prefix of what the client sent: a header may be many kilobytes.
                 f"X-Priority must be one of {', '.join(CLASSES)}, got {header[:32]!r}",
-                "invalid_priority",
                 "X-Priority",
             )
     if allowed is not None and cls not in allowed:
         raise ClassificationError(
-            403,
+            Refusal.CLASS_NOT_ALLOWED,
             f"this API key may not use the {cls!r} class (allowed: {', '.join(sorted(allowed))})",
-            "class_not_allowed",
             "X-Priority",
         )
     return cls

@@ -1,9 +1,14 @@
 """The gateway's decisions for every request, in one sans-I/O state machine.
 
 Rules:
-- ``submit`` answers at once with a ``Dispatch`` (go to this engine), a ``Queued``
-  (wait; a later ``finish`` or ``poll`` returns its ``Dispatch`` or ``Rejection``), or a
-  ``Rejection`` (answer the client with this status and error code).
+- Every call that decides something (``submit``, ``retry``, ``finish``, ``poll``, ``cancel``)
+  returns all of it in one ``Decisions``: its ``answer`` about the request the call was for
+  (``submit``, ``retry``), and in ``others``, in the order they must be carried out, what it
+  decided for other requests: queued ones dispatched or refused, running ones preempted,
+  queued ones shed. Nothing is left behind for a later call to collect.
+- ``submit`` answers with a ``Dispatch`` (go to this engine), a ``Queued`` (wait: a later
+  call's ``others`` holds its ``Dispatch`` or ``Rejection``), or a ``Rejection`` (with the
+  ``Refusal`` reason that the HTTP layer turns into a status and an error code).
 - Every ``Dispatch`` must be paired with exactly one ``finish``; that is what keeps the
   in-flight counts, and therefore routing and admission, honest.
 - Only healthy engines are candidates. A class goes to its home pool.
@@ -27,14 +32,15 @@ Rules:
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gateway.core.classes import BATCH, CLASS_RANK, INTERACTIVE
 from gateway.core.engines import EngineMetrics, EngineState
+from gateway.core.kv_events import KVEvent
 from gateway.core.limiter import ConcurrencyLimit, LimitSettings
 from gateway.core.queue import WaitQueue
+from gateway.core.reasons import Refusal
 from gateway.core.request import RouteRequest
 from gateway.core.routing import Choice, Policy, make_policy
 from gateway.core.sharing import Batch, EngineLoad, Learned, Peers
@@ -83,8 +89,7 @@ class Dispatch:
 @dataclass(slots=True, eq=False)
 class Rejection:
     request: RouteRequest
-    status: int
-    code: str
+    reason: Refusal
     message: str
     retry_after_s: float | None = None
 
@@ -107,6 +112,8 @@ class Preempted:
 
 
 Outcome = Dispatch | Queued | Rejection | Preempted
+Answer = Dispatch | Queued | Rejection
+Notice = Dispatch | Rejection | Preempted
 
 
 @dataclass(slots=True, frozen=True)
@@ -115,6 +122,22 @@ class LimitChange:
     old: float
     new: float
     reason: str
+
+
+@dataclass(slots=True, eq=False)
+class Decisions:
+    """Everything one call decided (see the module's rules)."""
+
+    answer: Answer | None = None
+    others: list[Notice] = field(default_factory=list)
+    limit_changes: list[LimitChange] = field(default_factory=list)
+    """Engines' limits that moved, or held for a new reason (``poll`` only), for the log."""
+
+    def __iter__(self) -> Iterator[Outcome]:
+        """The answer, then the others, in order."""
+        if self.answer is not None:
+            yield self.answer
+        yield from self.others
 
 
 class Pool:
@@ -162,11 +185,10 @@ class Dispatcher:
         self.limits: dict[str, ConcurrencyLimit] = {}
         self._engines: dict[str, EngineState] = {}
         self._queued_pool: dict[str, Pool] = {}
-        self._notices: list[Outcome] = []
+        # What the call under way decided for other requests: handed out when it returns.
+        self._notices: list[Notice] = []
         self._backfilled: dict[str, list[Dispatch]] = {}
         self._running: dict[str, set[Dispatch]] = {}
-        # Bounded: a driver that never reads them (the simulator) keeps only the latest.
-        self._limit_changes: deque[LimitChange] = deque(maxlen=1024)
         # Sharing with other replicas (off until ``share_learning``).
         self._load_changed: set[str] | None = None
         self.peers = Peers()
@@ -213,13 +235,11 @@ class Dispatcher:
             if metrics.itl_buckets:
                 self.limits[engine_id].observe_engine_itl(metrics.itl_buckets, now)
 
-    def apply_kv_events(self, engine_id: str, events: Sequence[object], now: float, restarted: bool = False) -> None:
+    def apply_kv_events(self, engine_id: str, events: Sequence[KVEvent], now: float, restarted: bool = False) -> None:
         """An engine's KV cache events (precise prefix mode)."""
         engine = self._engines.get(engine_id)
         if engine is not None:
-            handler = getattr(self.pools[engine.pool].policy, "kv_events", None)
-            if handler is not None:
-                handler(engine_id, events, restarted)
+            self.pools[engine.pool].policy.kv_events(engine_id, events, restarted)
 
     # -- what replicas tell each other (``core/sharing.py``) -----------------------------------
 
@@ -298,7 +318,11 @@ class Dispatcher:
     def pool_for(self, cls: str) -> Pool:
         return self.pools[self.home[cls]]
 
-    def submit(self, req: RouteRequest, now: float, exclude: Sequence[str] = ()) -> Outcome:
+    def submit(self, req: RouteRequest, now: float, exclude: Sequence[str] = ()) -> Decisions:
+        answer = self._submit(req, now, exclude)
+        return Decisions(answer, self._take_notices())
+
+    def _submit(self, req: RouteRequest, now: float, exclude: Sequence[str] = ()) -> Answer:
         pool = self.pool_for(req.cls)
         if not self.admission.enabled:
             choice = pool.policy.choose(req, pool.healthy(exclude), now)
@@ -321,7 +345,7 @@ class Dispatcher:
 
     def _no_engine(self, req: RouteRequest, pool: Pool, exclude: Sequence[str]) -> Rejection:
         after = " after a failed attempt" if exclude else ""
-        return Rejection(req, 503, "no_healthy_engine", f"no healthy engine in pool {pool.name!r}{after}", 1.0)
+        return Rejection(req, Refusal.NO_HEALTHY_ENGINE, f"no healthy engine in pool {pool.name!r}{after}", 1.0)
 
     def _with_room(self, pool: Pool, exclude: Sequence[str], reserve: float = 0.0) -> list[EngineState]:
         limits = self.limits
@@ -393,7 +417,7 @@ class Dispatcher:
             return req.arrival + req.budget.deadline_s
         return math.inf
 
-    def _enqueue(self, req: RouteRequest, pool: Pool, now: float) -> Outcome:
+    def _enqueue(self, req: RouteRequest, pool: Pool, now: float) -> Answer:
         deadline = self._start_deadline(req, pool)
         wait = None
         if req.budget.ttft_s is not None:
@@ -404,13 +428,14 @@ class Dispatcher:
             if wait is None:
                 wait = self._expected_wait(pool, pool.queue.position(req.cls, deadline), now)
             if req.cls == BATCH or pool.queue.depth(BATCH) == 0:
-                return Rejection(req, 429, "queue_full", f"the {pool.name!r} queue is full", self._retry_after(wait))
+                full = f"the {pool.name!r} queue is full"
+                return Rejection(req, Refusal.QUEUE_FULL, full, self._retry_after(wait))
             victim = pool.queue.shed(BATCH)
             assert victim is not None
             self._queued_pool.pop(victim.request.id, None)
             self._notices.append(
                 Rejection(
-                    victim.request, 429, "shed", "shed to make room for interactive work", self._retry_after(wait)
+                    victim.request, Refusal.SHED, "shed to make room for interactive work", self._retry_after(wait)
                 )
             )
         pool.queue.push(req, deadline, now)
@@ -437,8 +462,7 @@ class Dispatcher:
         budget_ms = int((req.budget.ttft_s or 0) * 1000)
         return Rejection(
             req,
-            429,
-            "slo_budget_exceeded",
+            Refusal.SLO_BUDGET_EXCEEDED,
             f"cannot start within the {budget_ms} ms time-to-first-token budget; retry later",
             self._retry_after(wait),
         )
@@ -501,21 +525,20 @@ class Dispatcher:
         if running is not None:
             running.discard(dispatch)
 
-    def finish(self, dispatch: Dispatch, now: float, ok: bool = True) -> list[Outcome]:
-        if dispatch.done:
-            # Already released (preempted): nothing to give back.
-            return self._drain(now) if self.admission.enabled else []
-        self._release(dispatch, ok)
-        if not self.admission.enabled:
-            return []
-        if ok:
-            pool = self.pools[dispatch.engine.pool]
-            pool.slots.observe_done(self._run(dispatch, pool), now - dispatch.dispatched_at)
-        return self._drain(now)
+    def finish(self, dispatch: Dispatch, now: float, ok: bool = True) -> Decisions:
+        """The dispatched request ended (``ok``: the engine answered); idempotent."""
+        if not dispatch.done:
+            self._release(dispatch, ok)
+            if ok and self.admission.enabled:
+                pool = self.pools[dispatch.engine.pool]
+                pool.slots.observe_done(self._run(dispatch, pool), now - dispatch.dispatched_at)
+        if self.admission.enabled:
+            self._drain(now)
+        return Decisions(None, self._take_notices())
 
-    def _expire(self, now: float) -> list[Outcome]:
+    def _expire(self, now: float) -> None:
         """Refuse the queued requests whose start deadline has passed."""
-        out: list[Outcome] = []
+        out = self._notices
         for pool in self.pools.values():
             for entry in pool.queue.expired(now):
                 self._queued_pool.pop(entry.request.id, None)
@@ -526,72 +549,64 @@ class Dispatcher:
                     out.append(
                         Rejection(
                             req,
-                            429,
-                            "deadline_exceeded",
+                            Refusal.DEADLINE_EXCEEDED,
                             "the request's deadline passed while queued",
                             self.admission.min_retry_after_s,
                         )
                     )
-        return out
 
-    def _drain(self, now: float) -> list[Outcome]:
-        out: list[Outcome] = self.take_notices()
+    def _drain(self, now: float) -> None:
+        """Start queued requests while they fit, in queue order, each pool in turn."""
+        out = self._notices
         for pool in self.pools.values():
             queue = pool.queue
             while (entry := queue.peek()) is not None:
                 if entry.deadline < now:
                     # Its deadline passed since the last poll: refused, never started late.
-                    out.extend(self._expire(now))
+                    self._expire(now)
                     continue
+                # A placement may preempt someone: that notice goes out before any later
+                # dispatch of the same request, since both land in ``out`` in order.
                 placed = self._place(entry.request, pool, now)
-                # A placement may have preempted someone: that notice must come before any
-                # later dispatch of the same request.
-                out.extend(self.take_notices())
                 if placed is None:
                     break
                 queue.remove(entry.request)
                 self._queued_pool.pop(entry.request.id, None)
                 out.append(placed)
-        return out
 
-    def take_notices(self) -> list[Outcome]:
-        """Outcomes for requests other than the one just submitted (shed, preempted)."""
-        if not self._notices:
-            return []
+    def _take_notices(self) -> list[Notice]:
         notices, self._notices = self._notices, []
         return notices
 
-    def retry(self, dispatch: Dispatch, now: float) -> Outcome:
+    def retry(self, dispatch: Dispatch, now: float) -> Decisions:
         """The engine refused the connection before any byte: try another of the pool once."""
-        extra = self.finish(dispatch, now, ok=False)
-        outcome = self.submit(dispatch.request, now, exclude=(*dispatch.excluded, dispatch.engine.id))
-        if extra:
-            self._notices.extend(extra)
-        return outcome
+        released = self.finish(dispatch, now, ok=False)
+        decided = self.submit(dispatch.request, now, exclude=(*dispatch.excluded, dispatch.engine.id))
+        decided.others[:0] = released.others
+        return decided
 
-    def poll(self, now: float) -> list[Outcome]:
+    def poll(self, now: float) -> Decisions:
         """Refuse what can no longer start in time, update limits, start what now fits."""
         if not self.admission.enabled:
-            return []
-        out = self._expire(now)
+            return Decisions()
+        self._expire(now)
+        changes = []
         for engine_id, limit in self.limits.items():
             before, why = limit.limit, limit.reason
             limit.update(now, self._engines[engine_id].load)
             if limit.limit != before or limit.reason != why:
-                self._limit_changes.append(LimitChange(engine_id, before, limit.limit, limit.reason))
-        out.extend(self._drain(now))
-        return out
+                changes.append(LimitChange(engine_id, before, limit.limit, limit.reason))
+        self._drain(now)
+        return Decisions(None, self._take_notices(), changes)
 
-    def take_limit_changes(self) -> list[LimitChange]:
-        """Limits that moved (or held for a new reason) since the last call, for the log."""
-        changes = list(self._limit_changes)
-        self._limit_changes.clear()
-        return changes
-
-    def cancel(self, req: RouteRequest, now: float) -> None:
+    def cancel(self, req: RouteRequest, now: float) -> Decisions:
+        """The client left: free its place in the queue (a place freed may let others start)."""
         pool = self._queued_pool.pop(req.id, None)
         if pool is not None:
             pool.queue.remove(req)
+            if self.admission.enabled:
+                self._drain(now)
+        return Decisions(None, self._take_notices())
 
     # -- observations from the relay -----------------------------------------
 

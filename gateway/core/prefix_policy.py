@@ -48,6 +48,7 @@ from xxhash import xxh3_64_intdigest
 
 from gateway.core.affinity import AffinityIndex
 from gateway.core.engines import EngineState
+from gateway.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from gateway.core.precise import PreciseIndex
 from gateway.core.request import RouteRequest
 from gateway.core.routing import Choice
@@ -253,7 +254,7 @@ class PrefixAffinity:
         if self.precise is None:
             self.index.set_capacity(engine.id, self.modelled_capacity(engine.id) + engine.queued_prefill)
 
-    def kv_events(self, engine_id: str, events: Sequence[object], restarted: bool = False) -> None:
+    def kv_events(self, engine_id: str, events: Sequence[KVEvent], restarted: bool = False) -> None:
         """Apply an engine's KV cache events (precise mode; ignored otherwise)."""
         precise = self.precise
         if precise is None:
@@ -261,15 +262,15 @@ class PrefixAffinity:
         if restarted:
             precise.cleared(engine_id)
         for event in events:
-            kind = type(event).__name__
-            if kind == "BlockStored":
-                precise.stored(
-                    engine_id, event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
-                )
-            elif kind == "BlockRemoved":
-                precise.removed(engine_id, event.block_hashes)
-            elif kind == "AllBlocksCleared":
-                precise.cleared(engine_id)
+            match event:
+                case BlockStored():
+                    precise.stored(
+                        engine_id, event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
+                    )
+                case BlockRemoved():
+                    precise.removed(engine_id, event.block_hashes)
+                case AllBlocksCleared():
+                    precise.cleared(engine_id)
 
     def scraped(self, engine: EngineState) -> None:
         """Compare the engine's real prefix-cache counters with what the index predicted."""

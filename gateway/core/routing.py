@@ -7,11 +7,12 @@ mutate engine state themselves (the dispatcher does).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.core.engines import EngineState
+from gateway.core.kv_events import KVEvent
 from gateway.core.request import RouteRequest
 
 
@@ -37,6 +38,8 @@ class Policy(Protocol):
 
     def hit_ratio_estimate(self) -> float: ...
 
+    def kv_events(self, engine_id: str, events: Sequence[KVEvent], restarted: bool = False) -> None: ...
+
 
 class _Stateless:
     """Policies that learn nothing from what they route."""
@@ -55,6 +58,9 @@ class _Stateless:
 
     def hit_ratio_estimate(self) -> float:
         return 0.0
+
+    def kv_events(self, engine_id: str, events: Sequence[KVEvent], restarted: bool = False) -> None:
+        return None
 
 
 class RoundRobin(_Stateless):
@@ -96,9 +102,13 @@ class LeastLoaded(_Stateless):
 def make_policy(name: str, **options: object) -> Policy:
     from gateway.core.prefix_policy import PrefixAffinity
 
-    POLICIES: dict[str, type] = {"round_robin": RoundRobin, "least_loaded": LeastLoaded, "prefix": PrefixAffinity}
+    policies: dict[str, Callable[..., Policy]] = {
+        "round_robin": RoundRobin,
+        "least_loaded": LeastLoaded,
+        "prefix": PrefixAffinity,
+    }
     try:
-        factory = POLICIES[name]
+        factory = policies[name]
     except KeyError:
-        raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
-    return factory(**options)  # type: ignore[no-any-return]
+        raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(sorted(policies))}") from None
+    return factory(**options)

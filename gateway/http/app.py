@@ -6,13 +6,12 @@ everything else (models, health, metrics, files, batches) is an ordinary FastAPI
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway import log
 from gateway.errors import ApiError, error_body, send_error
@@ -116,19 +115,36 @@ def create_api(gateway: Gateway) -> FastAPI:
     return api
 
 
+def build_proxy(gateway: Gateway) -> Proxy:
+    """The request path, wired to the running gateway's parts."""
+    return Proxy(
+        admission=gateway.scheduler,
+        placement=gateway.placement,
+        engines=gateway.monitor,
+        metrics=gateway.metrics,
+        auth=gateway.auth,
+        rate_limits=gateway.limiter,
+        budgets=gateway.budgets,
+        limits=gateway.config.limits,
+        deadlines=gateway.config.upstream,
+        access_log=gateway.config.access_log,
+        tracing=gateway.tracing,
+    )
+
+
 class GatewayApp:
     """The ASGI entry point: lifespan, the hot path, then FastAPI for the rest."""
 
     def __init__(self, gateway: Gateway, api: FastAPI | None = None) -> None:
         self.gateway = gateway
         self.api = api or create_api(gateway)
-        self.proxy = Proxy(gateway)
+        self.proxy = build_proxy(gateway)
         limits = gateway.config.limits
         upload = gateway.batches.settings.max_file_bytes + FORM_OVERHEAD
         self.body_limits = BodyLimits(limits.max_body_bytes, {"/v1/files": max(upload, limits.max_body_bytes)})
-        gateway.batches.attach(batch_executor(gateway, self.proxy))
+        gateway.batches.attach(batch_executor(self.proxy, gateway.keys.internal_authorization, gateway.tracing))
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
             path = scope["path"]
@@ -152,10 +168,10 @@ class GatewayApp:
             return
         await self.api(scope, receive, send)
 
-    async def _api(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def _api(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
-        async def tracked(message: dict[str, Any]) -> None:
+        async def tracked(message: Message) -> None:
             nonlocal started
             started = started or message["type"] == "http.response.start"
             await send(message)
@@ -167,7 +183,7 @@ class GatewayApp:
             if not started:
                 await send_error(send, ApiError(500, "the gateway failed on this request", "internal_error"))
 
-    async def _lifespan(self, receive: Any, send: Any) -> None:
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":

@@ -13,8 +13,8 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -112,7 +112,7 @@ def check_responses(parsed: dict[str, Any]) -> None:
             _check_message(item, f"input[{i}]", _RESPONSES_TEXT)
 
 
-def _is_token(value: Any) -> bool:
+def _is_token(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -135,7 +135,7 @@ def _check_prompt(prompt: Any) -> None:
         raise _invalid(message, "prompt")
 
 
-def max_tokens_of(parsed: dict[str, Any]) -> int | None:
+def max_tokens_of(parsed: Mapping[str, Any]) -> int | None:
     """The completion's token limit, when the client set a usable one (the engine judges the rest)."""
     value = parsed.get("max_tokens")
     if value is None:

@@ -10,12 +10,12 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+
+from starlette.types import Message, Receive, Scope
 
 from gateway.errors import ApiError
 
-Receive = Callable[[], Awaitable[dict[str, Any]]]
 _CLOSE = [(b"connection", b"close")]
 
 
@@ -31,7 +31,7 @@ class BodyLimits:
     def limit(self, path: str) -> int:
         return self.routes.get(path, self.default)
 
-    def bounded(self, scope: dict[str, Any], receive: Receive) -> Receive:
+    def bounded(self, scope: Scope, receive: Receive) -> Receive:
         """``receive``, bounded to the route's limit; raises the 413 when the declared length is over it."""
         limit = self.limit(scope["path"])
         declared: int | None = None
@@ -52,7 +52,7 @@ class BodyLimits:
 def _counting(receive: Receive, limit: int) -> Receive:
     seen = 0
 
-    async def bounded() -> dict[str, Any]:
+    async def bounded() -> Message:
         nonlocal seen
         message = await receive()
         body = message.get("body")

@@ -19,45 +19,36 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from starlette.types import Receive, Scope, Send
+
 from gateway import accesslog, log
-from gateway.core.classes import Budget, ClassificationError, classify
-from gateway.core.dispatcher import Dispatch, Outcome, Queued, Rejection
-from gateway.core.precise import token_block_hashes
-from gateway.core.prefix import (
-    TokenPromptError,
-    chain_seed,
-    estimate_tokens,
-    hash_blocks,
-    hash_token_blocks,
-    prompt_text,
-    token_prompt,
-)
+from gateway.core.classes import ClassificationError, classify
+from gateway.core.dispatcher import Answer, Dispatch, Queued, Rejection
 from gateway.core.request import RouteRequest
 from gateway.errors import ApiError, error_body
 from gateway.http.answers import engine_error, is_event_stream, is_json, json_object, not_json
-from gateway.http.body import check_responses, echo, max_tokens_of, parse_body, with_priority
+from gateway.http.body import check_responses, parse_body, with_priority
 from gateway.http.exchange import USAGE_TAIL, Exchange
+from gateway.http.refusals import refused
+from gateway.http.seams import Admission, EngineClients, Placement, RateLimits, RelayMetrics
 from gateway.ratelimit import Meter
-from gateway.tokenizers import prompt_token_ids
 from gateway.upstream.h1 import ConnectError, OutOfDescriptors, ReadTimeout, Response, UpstreamError
 
 if TYPE_CHECKING:
+    from gateway.auth import Authenticator
+    from gateway.config import UpstreamConfig
+    from gateway.core.classes import Budget
     from gateway.http.tracing import Tracing
-    from gateway.runtime import Gateway
-
-Scope = dict[str, Any]
+    from gateway.limits import ClientLimits
 
 _SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 CLIENT_GONE = 499
-BATCH_LINE = "gateway.batch_line"
-"""Scope key of an in-process batch line's ``(batch id, custom_id)``: never from a client."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +79,7 @@ _ENGINE_HEADERS = ((b"content-type", b"application/json"),)
 class _RequestHeaders:
     __slots__ = ("authorization", "priority", "request_id", "session", "slo_tpot", "slo_ttft")
 
-    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+    def __init__(self, raw: Sequence[tuple[bytes, bytes]]) -> None:
         self.authorization: bytes | None = None
         self.priority: str | None = None
         self.request_id: str | None = None
@@ -157,19 +148,40 @@ class _Call:
 
 
 class Proxy:
-    def __init__(self, gateway: Gateway) -> None:
-        self.gw = gateway
-        self.limits = gateway.config.limits
-        self.deadlines = gateway.config.upstream
-        self.access_log = gateway.config.access_log
-        self.tracing: Tracing | None = gateway.tracing
+    """The request path, on small seams: it sees admission, placement, engines, rate limits and
+    metrics through the protocols of ``seams``, never the whole running gateway."""
+
+    def __init__(
+        self,
+        *,
+        admission: Admission,
+        placement: Placement,
+        engines: EngineClients,
+        metrics: RelayMetrics,
+        auth: Authenticator,
+        rate_limits: RateLimits | None,
+        budgets: Mapping[str, Budget],
+        limits: ClientLimits,
+        deadlines: UpstreamConfig,
+        access_log: bool = False,
+        tracing: Tracing | None = None,
+    ) -> None:
+        self.admission = admission
+        self.placement = placement
+        self.engines = engines
+        self.metrics = metrics
+        self.auth = auth
+        self.rate_limits = rate_limits
+        self.budgets = budgets
+        self.limits = limits
+        self.deadlines = deadlines
+        self.access_log = access_log
+        self.tracing = tracing
         self._queued_bytes: dict[str, int] = {}
         self._requests: dict[tuple[str, str, int], Any] = {}
         self._ttft: dict[tuple[str, str], Any] = {}
         self._itl: dict[tuple[str, str], Any] = {}
         self._children: dict[tuple[Any, ...], Any] = {}
-        # Internal ids: the caller's x-request-id is echoed, but need not be unique.
-        self._ids = (f"r{n}" for n in itertools.count())
 
     # -- metric children, cached: label lookups are the costly part of prometheus_client
 
@@ -178,7 +190,7 @@ class Proxy:
         key = (record.cls, record.pool, status)
         child = self._requests.get(key)
         if child is None:
-            child = self._requests[key] = self.gw.metrics.requests.labels(record.cls, record.pool, str(status))
+            child = self._requests[key] = self.metrics.requests.labels(record.cls, record.pool, str(status))
         child.inc()
 
     def _child(self, metric: Any, *labels: str) -> Any:
@@ -192,29 +204,53 @@ class Proxy:
         key = (cls, pool)
         ttft = self._ttft.get(key)
         if ttft is None:
-            ttft = self._ttft[key] = self.gw.metrics.ttft.labels(cls, pool)
-            self._itl[key] = self.gw.metrics.itl.labels(cls, pool)
+            ttft = self._ttft[key] = self.metrics.ttft.labels(cls, pool)
+            self._itl[key] = self.metrics.itl.labels(cls, pool)
         return ttft, self._itl[key]
 
     # -- entry point -------------------------------------------------------------
 
-    async def handle(self, scope: Scope, receive: Any, send: Any, endpoint: Endpoint) -> None:
+    async def handle(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
+        """An ASGI request: its body read from ``receive``, which is then watched for a disconnect."""
+        await self._serve(endpoint, scope["headers"], send, receive, scope)
+
+    async def call(
+        self,
+        endpoint: Endpoint,
+        body: bytes,
+        headers: Sequence[tuple[bytes, bytes]],
+        send: Send,
+        line: tuple[str, str] | None = None,
+    ) -> None:
+        """A request from inside the process (a batch line, ``line`` its batch id and custom_id):
+        the same path as a client's, with the body in hand and no connection to watch."""
+        scope = {"method": "POST", "path": endpoint.name, "scheme": "internal"}
+        await self._serve(endpoint, headers, send, body, scope, line)
+
+    async def _serve(
+        self,
+        endpoint: Endpoint,
+        raw_headers: Sequence[tuple[bytes, bytes]],
+        send: Send,
+        source: Receive | bytes,
+        scope: Mapping[str, Any],
+        line: tuple[str, str] | None = None,
+    ) -> None:
         started = time.monotonic()
-        headers = _RequestHeaders(scope["headers"])
+        headers = _RequestHeaders(raw_headers)
         request_id = headers.request_id or uuid.uuid4().hex
         record = Exchange(request_id, endpoint.name, started)
         logged = log.REQUEST_ID.set(request_id)
-        span = self.tracing.request(scope, scope["headers"]) if self.tracing is not None else None
-        line = scope.get(BATCH_LINE)
+        span = self.tracing.request(scope, raw_headers) if self.tracing is not None else None
         if line is not None:
             record.batch_id, record.custom_id = line
         meter: Meter | None = None
         call = _Call()
         watcher: asyncio.Task[None] | None = None
         try:
-            body = await self._read_body(receive)
+            body = source if isinstance(source, bytes) else await self._read_body(source)
             parsed = parse_body(body, endpoint.required, endpoint.check)
-            principal = await self.gw.auth.authenticate(headers.authorization) if self.gw.auth.required else None
+            principal = await self.auth.authenticate(headers.authorization) if self.auth.required else None
             if principal is not None:
                 record.key_id, record.key_name = principal.key_id, principal.name
             try:
@@ -223,26 +259,27 @@ class Proxy:
                     principal.default_class if principal else "interactive",
                     principal.allowed if principal else None,
                 )
-                budget = self.gw.budgets[cls]
+                budget = self.budgets[cls]
                 if headers.slo_ttft is not None or headers.slo_tpot is not None:
                     budget = budget.tightened(headers.slo_ttft, headers.slo_tpot)
             except ClassificationError as exc:
-                raise ApiError(exc.status, exc.message, exc.code, exc.param) from None
-            req = self._route_request(parsed, endpoint, cls, budget, headers.session, started)
+                raise refused(exc.reason, exc.message, exc.param) from None
+            req = self.placement.route_request(parsed, endpoint.hashes_prompt, cls, budget, headers.session, started)
             stream = record.stream = parsed.get("stream") is True
             record.model = req.model
             record.prompt_estimate = req.prompt_tokens or None
             own_priority = "priority" in parsed
             # Only the raw bytes wait in the queue; what routing needed is in ``req``.
             del parsed
-            if principal is not None and self.gw.limiter is not None:
-                await self.gw.limiter.admit(principal, req)
-                meter = self.gw.limiter.meter(principal, req, send)
+            if principal is not None and self.rate_limits is not None:
+                await self.rate_limits.admit(principal, req)
+                meter = self.rate_limits.meter(principal, req, send)
                 send = meter.send if meter is not None else send
-            watcher = asyncio.create_task(self._watch_disconnect(receive, call))
+            if not isinstance(source, bytes):
+                watcher = asyncio.create_task(self._watch_disconnect(source, call))
             dispatch = await self._admit(req, len(body), record)
             record.pool = dispatch.pool
-            engine_headers = (*_ENGINE_HEADERS, (b"x-request-id", request_id.encode()))
+            engine_headers: tuple[tuple[bytes, bytes], ...] = (*_ENGINE_HEADERS, (b"x-request-id", request_id.encode()))
             if span is not None:
                 engine_headers += tuple(span.engine_headers())
             upstream = _Upstream(endpoint, body, stream, own_priority, request_id, started, record, engine_headers)
@@ -279,10 +316,10 @@ class Proxy:
 
     # -- parsing -------------------------------------------------------------------
 
-    async def _read_body(self, receive: Any) -> bytes:
+    async def _read_body(self, receive: Receive) -> bytes:
         # The size limit is the ASGI app's (before any route reads); this only collects the parts.
         message = await receive()
-        body = message.get("body", b"")
+        body: bytes = message.get("body", b"")
         if not message.get("more_body"):
             return body
         parts = [body]
@@ -293,77 +330,11 @@ class Proxy:
             parts.append(message.get("body", b""))
         return b"".join(parts)
 
-    def _route_request(
-        self,
-        parsed: dict[str, Any],
-        endpoint: Endpoint,
-        cls: str,
-        budget: Budget,
-        session: str | None,
-        started: float,
-    ) -> RouteRequest:
-        model = self._model(parsed)
-        req = RouteRequest(
-            next(self._ids),
-            cls,
-            model,
-            started,
-            budget=budget,
-            session=session,
-            restartable=parsed.get("stream") is not True,
-        )
-        req.max_tokens = max_tokens_of(parsed)
-        if endpoint.hashes_prompt:
-            self._hash_prompt(req, parsed)
-        return req
-
-    def _hash_prompt(self, req: RouteRequest, parsed: dict[str, Any]) -> None:
-        try:
-            precise = self.gw.precise.get(self.gw.dispatcher.home[req.cls])
-            if precise is not None:
-                token_ids = prompt_token_ids(precise.tokenizer, parsed)
-                req.prompt_tokens = len(token_ids)
-                req.block_tokens = precise.block_size()
-                req.prefix = token_block_hashes(token_ids, req.block_tokens)
-                return
-            seed = chain_seed(req.model, parsed.get("cache_salt"))
-            req.block_tokens = self.gw.block_tokens
-            token_ids = token_prompt(parsed)
-            if token_ids is not None:
-                # Token ids: exact length, blocks of the engine's own size; no text estimate.
-                req.prompt_tokens = len(token_ids)
-                req.prefix = hash_token_blocks(token_ids, seed, req.block_tokens)
-                return
-        except TokenPromptError as exc:
-            raise ApiError(400, str(exc), "invalid_value", "prompt") from None
-        text = prompt_text(parsed)
-        req.prompt_tokens = estimate_tokens(text)
-        req.prefix = hash_blocks(text, seed, self.gw.block_chars)
-
-    def _model(self, parsed: dict[str, Any]) -> str:
-        model = parsed.get("model")
-        known = self.gw.model_ids()
-        if model is None:
-            if len(known) == 1:
-                return next(iter(known))
-            raise ApiError(400, "'model' is required", "missing_required_parameter", "model")
-        if not isinstance(model, str):
-            raise ApiError(400, "'model' must be a string", "invalid_value", "model")
-        if known and model not in known:
-            raise ApiError(
-                404,
-                f"The model '{echo(model)}' does not exist; served: {', '.join(sorted(known))}",
-                "model_not_found",
-                "model",
-            )
-        return model
-
     # -- admission -------------------------------------------------------------------
 
     async def _admit(self, req: RouteRequest, size: int, record: Exchange) -> Dispatch:
-        metrics = self.gw.metrics
-        outcome = self.gw.dispatcher.submit(req, time.monotonic())
-        self.gw.settle(self.gw.dispatcher.take_notices())
+        metrics = self.metrics
+        outcome: Answer = self.admission.submit(req)
         if isinstance(outcome, Queued):
             record.admission = "queued"
             metrics.admission.labels(req.cls, "queued").inc()
@@ -373,17 +344,17 @@ class Proxy:
             metrics.queue_wait.labels(req.cls).observe(record.queue_wait_s)
         return self._admitted(req, outcome, record)
 
-    async def _wait(self, req: RouteRequest, size: int, refuse: bool) -> Outcome:
+    async def _wait(self, req: RouteRequest, size: int, refuse: bool) -> Dispatch | Rejection:
         """Wait in the queue, the body's bytes counted against its pool's budget.
 
         ``refuse``: a new request over the budget is turned away; one already accepted (queued
         again after a preemption or a failed connection) always keeps its place.
         """
-        pool = self.gw.dispatcher.home[req.cls]
+        pool = self.admission.home(req.cls)
         held = self._queued_bytes.get(pool, 0)
         limit = self.limits.max_queued_bytes
         if refuse and held + size > limit:
-            self.gw.dispatcher.cancel(req, time.monotonic())
+            self.admission.cancel(req)
             raise ApiError(
                 429,
                 f"the {pool!r} queue already holds {held} bytes of request bodies (limit {limit}); retry shortly",
@@ -391,23 +362,23 @@ class Proxy:
                 retry_after_s=1.0,
             )
         self._queued_bytes[pool] = held + size
-        gauge = self._child(self.gw.metrics.queued_bytes, pool)
+        gauge = self._child(self.metrics.queued_bytes, pool)
         gauge.inc(size)
         try:
-            return await self.gw.wait_turn(req)
+            return await self.admission.wait_turn(req)
         finally:
             self._queued_bytes[pool] -= size
             gauge.dec(size)
 
-    def _admitted(self, req: RouteRequest, outcome: Outcome, record: Exchange) -> Dispatch:
-        metrics = self.gw.metrics
-        if not isinstance(outcome, Dispatch | Rejection):
+    def _admitted(self, req: RouteRequest, outcome: Answer, record: Exchange) -> Dispatch:
+        metrics = self.metrics
+        if isinstance(outcome, Queued):
             raise ApiError(503, "the request could not be scheduled", "not_scheduled", retry_after_s=1.0)
         if isinstance(outcome, Rejection):
-            record.admission = outcome.code
-            self._child(metrics.admission, req.cls, outcome.code).inc()
-            log.debug("request_refused", cls=req.cls, code=outcome.code, reason=outcome.message)
-            raise ApiError(outcome.status, outcome.message, outcome.code, retry_after_s=outcome.retry_after_s)
+            record.admission = outcome.reason
+            self._child(metrics.admission, req.cls, outcome.reason).inc()
+            log.debug("request_refused", cls=req.cls, code=outcome.reason, reason=outcome.message)
+            raise refused(outcome.reason, outcome.message, retry_after_s=outcome.retry_after_s)
         if record.admission == "-":
             record.admission = "admitted"
             record.queue_wait_s = 0.0
@@ -418,7 +389,7 @@ class Proxy:
         return outcome
 
     def _finish(self, dispatch: Dispatch, ok: bool) -> None:
-        self.gw.settle(self.gw.dispatcher.finish(dispatch, time.monotonic(), ok))
+        self.admission.finish(dispatch, ok)
 
     # -- relay -----------------------------------------------------------------------
 
@@ -435,22 +406,21 @@ class Proxy:
             record.attempts += 1
             body = upstream.body_for(dispatch)
             try:
-                response = await self.gw.monitor.client(engine_id).request(b"POST", path, headers, body, first_byte)
+                response = await self.engines.client(engine_id).request(b"POST", path, headers, body, first_byte)
                 return dispatch, response
             except ConnectError as exc:
-                self.gw.monitor.connect_failed(engine_id, str(exc))
-                self.gw.metrics.upstream_errors.labels(dispatch.pool, engine_id, "connect").inc()
+                self.engines.connect_failed(engine_id, str(exc))
+                self.metrics.upstream_errors.labels(dispatch.pool, engine_id, "connect").inc()
                 if retried:
                     self._finish(dispatch, ok=False)
                     raise ApiError(502, f"engine unreachable: {exc}", "upstream_unreachable") from None
                 retried = True
-                outcome = self.gw.dispatcher.retry(dispatch, time.monotonic())
-                self.gw.settle(self.gw.dispatcher.take_notices())
+                outcome: Answer = self.admission.retry(dispatch)
                 if isinstance(outcome, Queued):
                     outcome = await self._wait(dispatch.request, len(upstream.body), refuse=False)
                 if not isinstance(outcome, Dispatch):
                     raise ApiError(502, f"engine unreachable: {exc}", "upstream_unreachable") from None
-                self.gw.metrics.retries.labels(dispatch.pool).inc()
+                self.metrics.retries.labels(dispatch.pool).inc()
                 log.info("request_retried", failed=engine_id, engine=outcome.engine.id)
                 dispatch = outcome
             except OutOfDescriptors as exc:
@@ -460,20 +430,19 @@ class Proxy:
                 message = "the gateway is out of connections; retry shortly"
                 raise ApiError(503, message, "overloaded", retry_after_s=1.0) from None
             except ReadTimeout as exc:
-                self.gw.metrics.upstream_errors.labels(dispatch.pool, engine_id, "timeout").inc()
+                self.metrics.upstream_errors.labels(dispatch.pool, engine_id, "timeout").inc()
                 self._finish(dispatch, ok=False)
                 raise ApiError(504, f"engine timed out: {exc}", "upstream_timeout") from None
             except UpstreamError as exc:
-                self.gw.metrics.upstream_errors.labels(dispatch.pool, engine_id, "failed").inc()
+                self.metrics.upstream_errors.labels(dispatch.pool, engine_id, "failed").inc()
                 self._finish(dispatch, ok=False)
                 raise ApiError(502, f"engine failed: {exc}", "upstream_error") from None
 
-    async def _relay(self, send: Any, upstream: _Upstream, dispatch: Dispatch, call: _Call) -> bool:
+    async def _relay(self, send: Send, upstream: _Upstream, dispatch: Dispatch, call: _Call) -> bool:
         """Relay one attempt; True when it was preempted before any byte reached the client."""
         call.attempt()
         req = dispatch.request
-        rid = req.id
-        self.gw.active[rid] = call.preempt
+        self.admission.running(req, call.preempt)
         deadline_s = self.deadlines.attempt_s(req.budget, req.max_tokens, req.arrival, time.monotonic())
         deadline = asyncio.get_running_loop().call_later(deadline_s, call.expire)
         response: Response | None = None
@@ -529,7 +498,7 @@ class Proxy:
         finally:
             deadline.cancel()
             call.done = True
-            self.gw.active.pop(rid, None)
+            self.admission.stopped(req)
             if response is not None:
                 response.close()
             # Idempotent: a dispatch already released (preempted, or failed in _connect) gives nothing back twice.
@@ -541,11 +510,11 @@ class Proxy:
         return False
 
     def _engine_failed(self, dispatch: Dispatch, upstream: _Upstream, reason: str, kind: str) -> None:
-        self.gw.metrics.upstream_errors.labels(dispatch.pool, dispatch.engine.id, kind).inc()
+        self.metrics.upstream_errors.labels(dispatch.pool, dispatch.engine.id, kind).inc()
         log.warning("upstream_failed", engine=dispatch.engine.id, reason=reason)
 
     async def _cut_short(
-        self, send: Any, upstream: _Upstream, dispatch: Dispatch, call: _Call, reason: str, timed_out: bool
+        self, send: Send, upstream: _Upstream, dispatch: Dispatch, call: _Call, reason: str, timed_out: bool
     ) -> ApiError | None:
         """An attempt that failed or ran out of time: the error to answer, or None when the
         stream had started and ends with an error event instead."""
@@ -568,14 +537,14 @@ class Proxy:
         return None
 
     async def _stream(
-        self, send: Any, upstream: _Upstream, response: Response, dispatch: Dispatch, call: _Call
+        self, send: Send, upstream: _Upstream, response: Response, dispatch: Dispatch, call: _Call
     ) -> None:
         headers = upstream.head(dispatch, response.header(b"content-type"), None)
         await send({"type": "http.response.start", "status": 200, "headers": headers + _SSE_HEADERS})
         call.streaming = True
         record = upstream.record
         ttft_metric, itl_metric = self._timers(dispatch.request.cls, dispatch.pool)
-        dispatcher = self.gw.dispatcher
+        admission = self.admission
         clock = time.monotonic
         chunk = await response.next_chunk()
         # Bytes sent and the last two chunks (where the usage is), in locals while the stream runs.
@@ -594,7 +563,7 @@ class Proxy:
             if chunk is not None:
                 ttft = record.ttft_s = last - upstream.started
                 ttft_metric.observe(ttft)
-                dispatcher.observe_ttft(dispatch, ttft, last)
+                admission.observe_ttft(dispatch, ttft, last)
             while chunk is not None:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 sent += len(chunk)
@@ -606,21 +575,21 @@ class Proxy:
                 gap = now - last
                 last = now
                 itl_metric.observe(gap)
-                dispatcher.observe_itl(dispatch, gap, now)
+                admission.observe_itl(dispatch, gap, now)
         finally:
             record.bytes_out += sent
             record.tail = older[-USAGE_TAIL:] + previous
         call.done = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _watch_disconnect(self, receive: Any, call: _Call) -> None:
+    async def _watch_disconnect(self, receive: Receive, call: _Call) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 call.disconnected()
                 return
 
-    async def _send_error(self, send: Any, exc: ApiError, record: Exchange) -> None:
+    async def _send_error(self, send: Send, exc: ApiError, record: Exchange) -> None:
         record.error = exc.code or str(exc.status)
         headers = exc.response_headers()
         headers.append((b"x-request-id", record.request_id.encode()))

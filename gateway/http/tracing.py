@@ -24,7 +24,7 @@ Rules:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway.config.schema import ConfigError
@@ -41,7 +41,7 @@ _OPERATIONS = {
     "/v1/completions": "text_completion",
     "/v1/embeddings": "embeddings",
 }
-Headers = list[tuple[bytes, bytes]]
+Headers = Sequence[tuple[bytes, bytes]]
 
 
 class TracingError(ConfigError):

@@ -192,8 +192,8 @@ class KeyAuthenticator:
         if authorization is not None and authorization.startswith(_INTERNAL):
             token, _, owner = authorization[len(_INTERNAL) :].partition(b" ")
             if hmac.compare_digest(token, self._internal):
-                key_id = owner.decode()
-                return Principal(key_id or None, "batch", BATCH, frozenset({BATCH}))
+                owner_id = owner.decode()
+                return Principal(owner_id or None, "batch", BATCH, frozenset({BATCH}))
         secret = _bearer(authorization)
         if secret is None:
             raise ApiError(

@@ -38,7 +38,7 @@ import heapq
 import itertools
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -309,7 +309,7 @@ class Cluster:
             self.what_if_records[rid] = self._fork()._admitted_anyway(rid, tr, flood)
         rec = self._record(rid, tr, flood)
         dispatcher = self.dispatchers[rec.replica]
-        self._handle([dispatcher.submit(rec.req, self.now), *dispatcher.take_notices()])
+        self._handle(dispatcher.submit(rec.req, self.now))
 
     def _fork(self) -> Cluster:
         """A copy of the cluster as it is now, sharing only what no run changes (setup, trace requests)."""
@@ -386,13 +386,14 @@ class Cluster:
             ids.extend(synthetic_token_ids(h, block_size))
         return token_block_hashes(ids, block_size)
 
-    def _handle(self, outcomes: list[Outcome]) -> None:
+    def _handle(self, outcomes: Iterable[Outcome]) -> None:
+        """Carry out what the dispatcher decided (a ``Decisions``: the answer, then the others)."""
         for outcome in outcomes:
             if isinstance(outcome, Dispatch):
                 self._start(outcome)
             elif isinstance(outcome, Rejection):
                 rec = self.records[outcome.request.id]
-                rec.rejected = outcome.code
+                rec.rejected = outcome.reason
                 self._closed(rec)
             elif isinstance(outcome, Preempted):
                 rec = self.records[outcome.request.id]

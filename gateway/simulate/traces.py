@@ -123,7 +123,8 @@ def poisson(spec: str, cls: str = INTERACTIVE, minutes: float | None = None) -> 
         span = min(span, 60.0 * minutes)
     spread = float(fields.get("spread", 0.25))
     rng = random.Random(f"poisson/{spec}/{cls}")
-    out, t, next_id = [], 0.0, (1 << 44) + CLASS_RANK[cls] * (1 << 40)
+    out: list[TraceRequest] = []
+    t, next_id = 0.0, (1 << 44) + CLASS_RANK[cls] * (1 << 40)
     while True:
         t += rng.expovariate(rate)
         if t >= span:
@@ -153,7 +154,8 @@ def hot_prompts(spec: str, cls: str = INTERACTIVE, minutes: float | None = None)
     rng = random.Random(f"hot/{spec}/{cls}")
     weights = [1.0 / (k + 1) ** skew for k in range(prompts)]
     shared = prompt_len // TRACE_BLOCK_TOKENS
-    out, t, next_id = [], 0.0, (1 << 46) + CLASS_RANK[cls] * (1 << 42)
+    out: list[TraceRequest] = []
+    t, next_id = 0.0, (1 << 46) + CLASS_RANK[cls] * (1 << 42)
     while True:
         t += rng.expovariate(rate)
         if t >= span:

@@ -272,6 +272,17 @@ def _cannot_serve(exc: ResponseError) -> bool:
     return (error if pipeline else text).lstrip("('\" ").split(" ", 1)[0] in _CANNOT_SERVE
 
 
+def _bytes(reply: object) -> bytes:
+    """A reply as the client gives it: bytes, since it never decodes (``decode_responses`` is off)."""
+    if not isinstance(reply, bytes):
+        raise TypeError(f"expected bytes from redis, got {type(reply).__name__}")
+    return reply
+
+
+def _text(reply: object) -> str:
+    return _bytes(reply).decode()
+
+
 def _enc(value: Any) -> bytes:
     return orjson.dumps(value)
 
@@ -361,7 +372,8 @@ class RedisStore:
 
     async def get_blob(self, blob_id: str) -> bytes | None:
         async with self._io() as r:
-            return await r.get(self._k("blob", blob_id))
+            data = await r.get(self._k("blob", blob_id))
+        return None if data is None else _bytes(data)
 
     async def delete_blob(self, blob_id: str) -> None:
         async with self._io() as r:
@@ -379,7 +391,7 @@ class RedisStore:
 
     async def put_file(self, record: FileRecord, limit: FileUsage | None = None) -> bool:
         expires = "" if record.expires_at is None else str(record.expires_at)
-        args = [record.id, _enc(asdict(record)), record.bytes, expires]
+        args: list[str | bytes | int] = [record.id, _enc(asdict(record)), record.bytes, expires]
         args += [limit.files, limit.bytes] if limit is not None else [0, 0]
         async with self._io():
             keys = [*self._file_keys(record.id, record.owner), self._k("seq")]
@@ -405,7 +417,7 @@ class RedisStore:
     async def expired_files(self, now: int, limit: int) -> list[str]:
         async with self._io() as r:
             ids = await r.zrangebyscore(self._k("files", "expiry"), "-inf", now, start=0, num=limit)
-        return [i.decode() for i in ids]
+        return [_text(i) for i in ids]
 
     async def _page_ids(self, index: str, after: str | None, limit: int, descending: bool) -> list[str]:
         """Ids of ``index`` from just after ``after`` (none when ``after`` is unknown), up to ``limit``."""
@@ -413,11 +425,11 @@ class RedisStore:
             start = 0
             if after is not None:
                 rank = await (r.zrevrank(index, after) if descending else r.zrank(index, after))
-                if rank is None:
-                    return []
+                if not isinstance(rank, int):
+                    return []  # not in the index (None)
                 start = rank + 1
             ids = await (r.zrevrange if descending else r.zrange)(index, start, start + limit - 1)
-        return [i.decode() for i in ids]
+        return [_text(i) for i in ids]
 
     async def list_files(
         self, owner: str, after: str | None, limit: int, descending: bool = True, purpose: str | None = None
@@ -460,7 +472,8 @@ class RedisStore:
         if not raw:
             return None
         # lease_* fields belong to lease_batch and are not JSON.
-        return BatchRecord.from_fields({k.decode(): orjson.loads(v) for k, v in raw.items() if b"lease_" not in k})
+        fields = {_text(k): v for k, v in raw.items()}
+        return BatchRecord.from_fields({k: orjson.loads(v) for k, v in fields.items() if not k.startswith("lease_")})
 
     async def list_batches(self, owner: str, after: str | None, limit: int) -> Page:
         ids = await self._page_ids(self._k("batches", "by", owner), after, limit + 1, True)
@@ -478,7 +491,7 @@ class RedisStore:
 
     async def active_batches(self) -> list[str]:
         async with self._io() as r:
-            return [i.decode() for i in await r.zrange(self._k("batches", "active"), 0, -1)]
+            return [_text(i) for i in await r.zrange(self._k("batches", "active"), 0, -1)]
 
     async def batch_status_counts(self) -> dict[str, int]:
         async with self._io() as r:
@@ -486,7 +499,7 @@ class RedisStore:
         return {orjson.loads(k): int(v) for k, v in raw.items() if int(v) > 0}
 
     async def lease_batch(self, batch_id: str, statuses: Sequence[str], claimant: str, lease_s: float) -> bool:
-        args = [claimant, int(lease_s * 1000), *(_enc(s) for s in statuses)]
+        args: list[str | bytes | int] = [claimant, int(lease_s * 1000), *(_enc(s) for s in statuses)]
         async with self._io():
             return bool(await self._lease(keys=[self._batch_key(batch_id)], args=args))
 
@@ -559,7 +572,7 @@ class RedisStore:
             raw = await r.hgetall(self._bk(batch_id, "results"))
         out = []
         for value in raw.values():
-            index, ok, line = value.split(b" ", 2)
+            index, ok, line = _bytes(value).split(b" ", 2)
             out.append(Result(int(index), ok == b"1", line))
         out.sort(key=lambda x: x.index)
         return out
@@ -567,10 +580,10 @@ class RedisStore:
     async def unfinished_lines(self, batch_id: str) -> list[tuple[int, str]]:
         async with self._io() as r:
             lines = await r.hgetall(self._bk(batch_id, "lines"))
-            done = {k.decode() for k in await r.hkeys(self._bk(batch_id, "results"))}
+            done = {_text(k) for k in await r.hkeys(self._bk(batch_id, "results"))}
         out = []
         for index, value in lines.items():
-            custom_id, _ = _split_line(value)
+            custom_id, _ = _split_line(_bytes(value))
             if custom_id not in done:
                 out.append((int(index), custom_id))
         return sorted(out)
@@ -599,7 +612,7 @@ class RedisStore:
 
     async def list_keys(self) -> list[ApiKey]:
         async with self._io() as r:
-            ids = sorted(i.decode() for i in await r.smembers(self._k("keys")))
+            ids = sorted(_text(i) for i in await r.smembers(self._k("keys")))
             raws = await r.mget([self._k("key", i) for i in ids]) if ids else []
         keys = [ApiKey(**orjson.loads(raw)) for raw in raws if raw is not None]
         return sorted(keys, key=lambda k: (k.created_at, k.id))

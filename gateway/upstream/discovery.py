@@ -22,5 +22,5 @@ async def resolve_engines(target: str) -> list[str]:
     host, port = parse_dns_target(target)
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    addresses = sorted({info[4][0] for info in infos})
+    addresses = sorted({str(info[4][0]) for info in infos})
     return [f"http://[{addr}]:{port}" if ":" in addr else f"http://{addr}:{port}" for addr in addresses]

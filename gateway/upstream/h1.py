@@ -262,6 +262,10 @@ class Response:
             else:
                 self._conn.abort()
 
+    async def aclose(self) -> None:
+        """``close``, for callers that also hold other clients' responses (``gateway.bench``)."""
+        self.close()
+
 
 class EngineClient:
     """Keep-alive connections to one engine."""
@@ -389,3 +393,6 @@ class EngineClient:
         for conn in self._idle:
             conn.abort()
         self._idle.clear()
+
+    async def aclose(self) -> None:
+        self.close()

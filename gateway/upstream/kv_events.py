@@ -4,7 +4,8 @@ Wire format of vLLM's ``ZmqEventPublisher`` (``--kv-events-config``): each messa
 three frames ``[topic, seq, payload]``. ``seq`` is an 8-byte big-endian counter that
 starts at 0 in every engine process; ``payload`` is msgpack ``[ts, [event, ...], dp_rank]``
 (``dp_rank`` may be absent); every event is a map whose ``"type"`` is ``BlockStored``,
-``BlockRemoved`` or ``AllBlocksCleared``. Block hashes are uint64 ints by default (bytes
+``BlockRemoved`` or ``AllBlocksCleared``, decoded into the core's types of the same names
+(``gateway.core.kv_events``). Block hashes are uint64 ints by default (bytes
 when the engine runs with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``).
 
 Two endpoint styles, one subscriber:
@@ -41,38 +42,18 @@ import zmq
 import zmq.asyncio
 
 from gateway import log
+from gateway.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
-BlockHash = int | bytes
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BlockStored:
-    block_hashes: tuple[BlockHash, ...]
-    parent_block_hash: BlockHash | None
-    token_ids: tuple[int, ...]
-    block_size: int
-    lora_name: str | None = None
-    medium: str | None = None
-    group_idx: int | None = None
-
-    @property
-    def token_count(self) -> int:
-        return len(self.token_ids)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BlockRemoved:
-    block_hashes: tuple[BlockHash, ...]
-    medium: str | None = None
-    group_idx: int | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class AllBlocksCleared:
-    pass
-
-
-KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+__all__ = [
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "KVEvent",
+    "KVEventBatch",
+    "KVEventSubscriber",
+    "MalformedMessage",
+    "decode_message",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

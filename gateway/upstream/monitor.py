@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +59,9 @@ class EngineMonitor:
         self.watches: dict[str, EngineWatch] = {}
         self._discovery: list[asyncio.Task[None]] = []
         self.on_watch: list[Callable[[str, str], None]] = []
-        self.on_unwatch: list[Callable[[str, str], Awaitable[None]]] = []
+        self.on_unwatch: list[Callable[[str, str], Coroutine[Any, Any, None]]] = []
+        # The event loop keeps only weak references to tasks: these keep the callbacks alive.
+        self._callbacks: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -85,7 +87,12 @@ class EngineMonitor:
             task.cancel()
         w.client.close()
         for callback in self.on_unwatch:
-            asyncio.get_running_loop().create_task(callback(engine_id, w.pool))
+            self._spawn(callback(engine_id, w.pool))
+
+    def _spawn(self, callback: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(callback)
+        self._callbacks.add(task)
+        task.add_done_callback(self._callbacks.discard)
 
     def discover(self, pool: str, target: str, interval_s: float) -> None:
         self._discovery.append(asyncio.create_task(self._discovery_loop(pool, target, interval_s)))
@@ -94,7 +101,7 @@ class EngineMonitor:
         tasks = [t for w in self.watches.values() for t in w.tasks] + self._discovery
         for task in tasks:
             task.cancel()
-        for task in tasks:
+        for task in [*tasks, *self._callbacks]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         for w in self.watches.values():

@@ -1,101 +1,43 @@
-"""Real processes on loopback for integration tests: engines, gateways, redis."""
+"""Real processes on loopback for integration tests: engines, gateways, redis.
+
+The processes themselves are ``gateway.loopback``'s (the benchmarks use them too); here they run
+from the repository's root, and the misbehaving engine and the one-engine stack are tests' own.
+"""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import ssl
-import subprocess
 import sys
-import time
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-import httpx
-import yaml
+from gateway import loopback
+from gateway.loopback import free_port, rss_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Proc:
-    """A child process in its own process group, stopped with its children."""
-
-    def __init__(self, cmd: Sequence[str], url: str, log_path: Path, env: dict[str, str] | None = None) -> None:
-        self.cmd = list(cmd)
-        self.url = url
-        self.log_path = log_path
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.popen: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Proc:
-        self._log = self.log_path.open("ab")
-        self.popen = subprocess.Popen(
-            self.cmd, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        return self
-
-    def wait_ready(self, path: str = "/health", timeout: float = 30.0, verify: ssl.SSLContext | bool = True) -> Proc:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.popen is not None
-            if self.popen.poll() is not None:
-                raise RuntimeError(f"{self.cmd} exited with {self.popen.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + path, timeout=1.0, verify=verify).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.cmd} not ready after {timeout}s:\n{self.log()}")
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text()[-4000:]
-        except OSError:
-            return ""
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            os.killpg(self.popen.pid, sig)
-            self.popen.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.popen is None:
-            return
-        if self.popen.poll() is None:
-            try:
-                os.killpg(self.popen.pid, signal.SIGTERM)
-                self.popen.wait(timeout=10)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                self.kill()
-        self._log.close()
-
-    @property
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
+__all__ = [
+    "ROOT",
+    "Proc",
+    "free_port",
+    "rss_bytes",
+    "start_broken_engine",
+    "start_engine",
+    "start_gateway",
+    "start_stack",
+]
 
 
-def start_engine(
-    tmp: Path, *args: str, model: str = "sim-model", port: int | None = None, env: dict[str, str] | None = None
-) -> Proc:
-    port = port or free_port()
-    cmd = [sys.executable, "-m", "engines.sim", "--host", "127.0.0.1", "--port", str(port), "--model", model, *args]
-    return Proc(cmd, f"http://127.0.0.1:{port}", tmp / f"engine-{port}.log", env=env).start()
+class Proc(loopback.Proc):
+    def __init__(self, cmd: list[str], url: str, log_path: Path, env: dict[str, str] | None = None) -> None:
+        super().__init__(cmd, url, log_path, env, cwd=ROOT)
 
 
-def start_gateway(tmp: Path, config: dict, env: dict[str, str] | None = None, port: int | None = None) -> Proc:
-    port = port or free_port()
-    path = tmp / f"gateway-{port}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port)]
-    return Proc(cmd, f"http://127.0.0.1:{port}", tmp / f"gateway-{port}.log", env=env).start()
+def start_engine(tmp: Path, *args: str, **options: Any) -> loopback.Proc:
+    return loopback.start_engine(tmp, *args, cwd=ROOT, **options)
+
+
+def start_gateway(tmp: Path, config: dict[str, Any], **options: Any) -> loopback.Proc:
+    return loopback.start_gateway(tmp, config, cwd=ROOT, **options)
 
 
 def start_broken_engine(tmp: Path) -> Proc:
@@ -105,16 +47,7 @@ def start_broken_engine(tmp: Path) -> Proc:
     return Proc(cmd, f"http://127.0.0.1:{port}", tmp / f"broken-engine-{port}.log").start()
 
 
-def rss_bytes(proc: Proc) -> int:
-    """Resident memory of a started process, from /proc."""
-    assert proc.popen is not None
-    for line in Path(f"/proc/{proc.popen.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
-
-
-def start_stack(procs: list[Proc], tmp: Path, config: dict, *engine_args: str) -> Proc:
+def start_stack(procs: list[loopback.Proc], tmp: Path, config: dict[str, Any], *engine_args: str) -> loopback.Proc:
     """One simulated engine as the ``interactive`` pool and a gateway with ``config`` in front; both ready."""
     engine = start_engine(tmp, *engine_args)
     procs.append(engine)

@@ -1,4 +1,5 @@
-from engines.sim.kv_cache import BlockRemoved, BlockStored, KVCache
+from engines.sim.kv_cache import KVCache
+from gateway.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 
 def fill(cache: KVCache, hashes: list[int]) -> list[int]:
@@ -67,4 +68,4 @@ def test_reset_clears_every_hash_only_when_idle():
     assert not cache.reset_prefix_cache()
     cache.free(blocks)
     assert cache.reset_prefix_cache()
-    assert cache.find_prefix([1], 1) == [] and type(events[-1]).__name__ == "AllBlocksCleared"
+    assert cache.find_prefix([1], 1) == [] and isinstance(events[-1], AllBlocksCleared)

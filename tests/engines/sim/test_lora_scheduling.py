@@ -8,10 +8,10 @@ import pytest
 
 from engines.sim import virtual
 from engines.sim.core import PRIORITY, EngineCore
-from engines.sim.kv_cache import BlockStored
 from engines.sim.kv_events import encode_batch
 from engines.sim.lora import LoraAdapter
 from engines.sim.profile import LoraCosts
+from gateway.core.kv_events import BlockStored
 
 from .helpers import request, run, shared_hashes, small_profile
 

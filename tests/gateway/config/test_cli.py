@@ -97,3 +97,16 @@ def test_serve_help_shows_the_defaults():
         "GATEWAY__<SECTION>__<KEY>=value",
     ):
         assert shown in text, shown
+
+
+def test_serve_refuses_https_without_its_key_or_with_a_certificate_it_cannot_load(tmp_path):
+    half = tmp_path / "half.yaml"
+    half.write_text(GOOD + "listen: {ssl_certfile: cert.pem}\n")
+    done = gateway("serve", "--config", str(half))
+    assert_one_line(done, f"gateway serve: {half}: listen.ssl_keyfile: HTTPS needs both ssl_certfile and ssl_keyfile")
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(GOOD + f"listen: {{ssl_certfile: {tmp_path}/no.pem, ssl_keyfile: {tmp_path}/no.key}}\n")
+    done = gateway("serve", "--config", str(missing))
+    assert_one_line(
+        done, "gateway serve: listen.ssl_certfile: cannot load the certificate and key: No such file or directory"
+    )

@@ -1,6 +1,7 @@
 import pytest
 
 from gateway.core.classes import BATCH, INTERACTIVE, Budget, ClassificationError, classify
+from gateway.core.reasons import Refusal
 
 
 def test_header_is_case_insensitive_and_absent_means_default():
@@ -10,17 +11,17 @@ def test_header_is_case_insensitive_and_absent_means_default():
     assert classify(None, default=BATCH) == BATCH
 
 
-def test_unknown_class_is_a_400():
+def test_unknown_class_is_refused_as_an_invalid_priority():
     with pytest.raises(ClassificationError) as err:
         classify("urgent")
-    assert err.value.status == 400
-    assert err.value.code == "invalid_priority"
+    assert err.value.reason == Refusal.INVALID_PRIORITY
+    assert err.value.param == "X-Priority"
 
 
-def test_key_without_interactive_gets_403_not_a_silent_downgrade():
+def test_key_without_interactive_is_refused_not_silently_downgraded():
     with pytest.raises(ClassificationError) as err:
         classify("interactive", default=BATCH, allowed=frozenset({BATCH}))
-    assert err.value.status == 403
+    assert err.value.reason == Refusal.CLASS_NOT_ALLOWED
     assert classify(None, default=BATCH, allowed=frozenset({BATCH})) == BATCH
 
 
@@ -34,7 +35,7 @@ def test_budget_headers_tighten_but_never_loosen():
 
 
 @pytest.mark.parametrize("value", ["abc", "-5", "0", "nan", "inf"])
-def test_bad_budget_header_is_a_400(value):
+def test_bad_budget_header_is_refused(value):
     with pytest.raises(ClassificationError) as err:
         Budget(0.5, 0.05).tightened(value, None)
-    assert err.value.status == 400
+    assert err.value.reason == Refusal.INVALID_HEADER

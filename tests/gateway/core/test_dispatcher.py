@@ -6,6 +6,7 @@ from gateway.core.classes import BATCH, INTERACTIVE, Budget
 from gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, PoolSpec, Preempted, Queued, Rejection
 from gateway.core.engines import EngineMetrics
 from gateway.core.limiter import LimitSettings
+from gateway.core.reasons import Refusal
 from gateway.core.request import RouteRequest
 
 SLO = Budget(ttft_s=0.5, itl_s=0.05)
@@ -42,12 +43,12 @@ def req(cls=INTERACTIVE, now=0.0, budget=None, restartable=True):
 
 def test_requests_wait_for_room_and_interactive_goes_first():
     d = make(interactive=1, batch=0 + 1, limit=1)
-    first = d.submit(req(), 0.0)
+    first = d.submit(req(), 0.0).answer
     assert isinstance(first, Dispatch)
-    b = d.submit(req(BATCH), 0.0)
+    b = d.submit(req(BATCH), 0.0).answer
     assert isinstance(b, Dispatch) and b.pool == "batch"
-    waiting_batch = d.submit(req(BATCH), 0.0)
-    waiting_interactive = d.submit(req(), 0.01)
+    waiting_batch = d.submit(req(BATCH), 0.0).answer
+    waiting_interactive = d.submit(req(), 0.01).answer
     assert isinstance(waiting_batch, Queued) and isinstance(waiting_interactive, Queued)
     assert d.queue_depths()[("interactive", INTERACTIVE)] == 1
     started = d.finish(first, 0.1)
@@ -56,35 +57,35 @@ def test_requests_wait_for_room_and_interactive_goes_first():
 
 def test_interactive_that_cannot_start_in_time_is_refused_with_retry_after():
     d = make(interactive=1, limit=1)
-    busy = d.submit(req(), 0.0)
+    busy = d.submit(req(), 0.0).answer
     assert isinstance(busy, Dispatch)
-    queued = d.submit(req(now=0.0), 0.0)
+    queued = d.submit(req(now=0.0), 0.0).answer
     assert isinstance(queued, Queued)
     out = d.poll(0.6)  # past the 500 ms TTFT budget: refused, not left to time out
     refusals = [o for o in out if isinstance(o, Rejection)]
     assert len(refusals) == 1
-    assert refusals[0].status == 429 and refusals[0].code == "slo_budget_exceeded"
+    assert refusals[0].reason == Refusal.SLO_BUDGET_EXCEEDED
     assert refusals[0].retry_after_s >= 1
 
 
 def test_a_request_whose_deadline_passed_is_refused_not_started_late():
     d = make(interactive=1, limit=1)
-    running = d.submit(req(), 0.0)
-    queued = d.submit(req(now=0.0), 0.0)
+    running = d.submit(req(), 0.0).answer
+    queued = d.submit(req(now=0.0), 0.0).answer
     assert isinstance(queued, Queued)
-    out = d.finish(running, 0.7)  # the slot frees past the 500 ms budget, before any poll
+    out = d.finish(running, 0.7).others  # the slot frees past the 500 ms budget, before any poll
     assert [(type(o), o.request) for o in out] == [(Rejection, queued.request)]
-    assert out[0].code == "slo_budget_exceeded"
+    assert out[0].reason == Refusal.SLO_BUDGET_EXCEEDED
     assert d.engine("i0").inflight == 0
 
 
 def test_refused_at_once_when_the_expected_wait_exceeds_the_budget():
     d = make(interactive=1, limit=1)
-    running = d.submit(req(), 0.0)
+    running = d.submit(req(), 0.0).answer
     d.finish(running, 10.0)  # the pool learns that a request holds a slot for 10 s
     d.submit(req(now=10.0), 10.0)
-    out = d.submit(req(now=10.0), 10.0)
-    assert isinstance(out, Rejection) and out.code == "slo_budget_exceeded"
+    out = d.submit(req(now=10.0), 10.0).answer
+    assert isinstance(out, Rejection) and out.reason == Refusal.SLO_BUDGET_EXCEEDED
 
 
 def stream(d, out, now, tokens, ttft=0.05, gap=0.035):
@@ -104,7 +105,7 @@ def learned(d, tokens=128):
     for _ in range(10):
         r = req(now=now)
         r.max_tokens = tokens
-        now = stream(d, d.submit(r, now), now, tokens)
+        now = stream(d, d.submit(r, now).answer, now, tokens)
     return now
 
 
@@ -113,8 +114,8 @@ def test_a_short_wait_behind_a_short_request_is_queued_not_refused():
     now = learned(d)  # long requests taught the pool that a slot is held for ~4.5 s
     short = req(now=now)
     short.max_tokens = 8
-    assert isinstance(d.submit(short, now), Dispatch)
-    waiting = d.submit(req(now=now + 0.01), now + 0.01)
+    assert isinstance(d.submit(short, now).answer, Dispatch)
+    waiting = d.submit(req(now=now + 0.01), now + 0.01).answer
     assert isinstance(waiting, Queued)  # the 8-token answer ends in ~0.3 s: within the budget
 
 
@@ -123,17 +124,17 @@ def test_the_wait_counts_how_long_running_requests_have_held_their_slots():
     now = learned(d)
     running = req(now=now)
     running.max_tokens = 128
-    assert isinstance(d.submit(running, now), Dispatch)
-    assert isinstance(d.submit(req(now=now + 0.1), now + 0.1), Rejection)  # ~4.4 s to go
+    assert isinstance(d.submit(running, now).answer, Dispatch)
+    assert isinstance(d.submit(req(now=now + 0.1), now + 0.1).answer, Rejection)  # ~4.4 s to go
     nearly_done = now + 4.3
-    assert isinstance(d.submit(req(now=nearly_done), nearly_done), Queued)  # ~0.2 s to go
+    assert isinstance(d.submit(req(now=nearly_done), nearly_done).answer, Queued)  # ~0.2 s to go
 
 
 def test_tighter_ttft_header_budget_shortens_the_wait():
     d = make(interactive=1, limit=1)
     d.submit(req(), 0.0)
-    tight = d.submit(req(budget=Budget(0.1, 0.05)), 0.0)
-    loose = d.submit(req(), 0.0)
+    tight = d.submit(req(budget=Budget(0.1, 0.05)), 0.0).answer
+    loose = d.submit(req(), 0.0).answer
     assert isinstance(tight, Queued) and isinstance(loose, Queued)
     refused = [o.request for o in d.poll(0.2) if isinstance(o, Rejection)]
     assert refused == [tight.request]
@@ -141,17 +142,17 @@ def test_tighter_ttft_header_budget_shortens_the_wait():
 
 def test_interactive_lull_lets_batch_backfill_and_interactive_reclaims_it():
     d = make(interactive=2, batch=1, limit=3)
-    in_batch_pool = [d.submit(req(BATCH), 0.0) for _ in range(3)]
+    in_batch_pool = [d.submit(req(BATCH), 0.0).answer for _ in range(3)]
     assert all(isinstance(o, Dispatch) and o.pool == "batch" for o in in_batch_pool)
     # Each interactive engine lends all but one of its 3 slots.
-    backfilled = [d.submit(req(BATCH), 0.0) for _ in range(4)]
+    backfilled = [d.submit(req(BATCH), 0.0).answer for _ in range(4)]
     assert all(isinstance(o, Dispatch) and o.reason == "backfill" for o in backfilled)
-    assert isinstance(d.submit(req(BATCH), 0.0), Queued)
+    assert isinstance(d.submit(req(BATCH), 0.0).answer, Queued)
     for _ in range(2):
-        assert isinstance(d.submit(req(), 1.0), Dispatch)  # the reserved slots
+        assert isinstance(d.submit(req(), 1.0).answer, Dispatch)  # the reserved slots
     # Interactive arrives to a pool full of batch work: a restartable batch request is stopped for it.
-    arrival = d.submit(req(), 1.0)
-    notices = d.take_notices()
+    decided = d.submit(req(), 1.0)
+    arrival, notices = decided.answer, decided.others
     assert isinstance(arrival, Dispatch) and arrival.pool == "interactive"
     assert len(notices) == 1 and isinstance(notices[0], Preempted)
     assert notices[0].dispatch in backfilled
@@ -162,25 +163,25 @@ def test_streamed_batch_work_is_never_preempted():
     d = make(interactive=1, batch=1, limit=2)
     d.submit(req(BATCH, restartable=False), 0.0)
     d.submit(req(BATCH, restartable=False), 0.0)
-    streamed = d.submit(req(BATCH, restartable=False), 0.0)
+    streamed = d.submit(req(BATCH, restartable=False), 0.0).answer
     assert isinstance(streamed, Dispatch) and streamed.reason == "backfill"
-    assert isinstance(d.submit(req(now=1.0), 1.0), Dispatch)  # the reserved slot
-    out = d.submit(req(now=1.0), 1.0)
-    assert isinstance(out, Queued)
-    assert d.take_notices() == []
+    assert isinstance(d.submit(req(now=1.0), 1.0).answer, Dispatch)  # the reserved slot
+    decided = d.submit(req(now=1.0), 1.0)
+    assert isinstance(decided.answer, Queued)
+    assert decided.others == []
 
 
 def test_backfill_never_takes_the_last_free_slot_of_an_interactive_engine():
     # The reserve is at least one slot, however small its share of the limit.
     d = make(interactive=1, batch=1, limit=1, reserve=0.25)
-    assert isinstance(d.submit(req(BATCH), 0.0), Dispatch)  # the batch pool's own slot
-    assert isinstance(d.submit(req(BATCH), 0.0), Queued)
+    assert isinstance(d.submit(req(BATCH), 0.0).answer, Dispatch)  # the batch pool's own slot
+    assert isinstance(d.submit(req(BATCH), 0.0).answer, Queued)
     assert d.engine("i0").load == 0
     d = make(interactive=1, batch=1, limit=3, reserve=0.25)
     d.submit(req(BATCH), 0.0)
     d.submit(req(BATCH), 0.0)
     d.submit(req(BATCH), 0.0)
-    backfilled = [d.submit(req(BATCH), 0.0) for _ in range(3)]
+    backfilled = [d.submit(req(BATCH), 0.0).answer for _ in range(3)]
     assert [isinstance(o, Dispatch) for o in backfilled] == [True, True, False]
 
 
@@ -189,7 +190,7 @@ def test_backfill_keeps_a_reserve_and_stops_while_interactive_waits():
     d.submit(req(BATCH), 0.0)  # fills nothing yet: batch pool limit 4
     for _ in range(3):
         d.submit(req(BATCH), 0.0)
-    backfilled = [d.submit(req(BATCH), 0.0) for _ in range(3)]
+    backfilled = [d.submit(req(BATCH), 0.0).answer for _ in range(3)]
     assert [isinstance(o, Dispatch) for o in backfilled] == [True, True, False]
 
 
@@ -199,8 +200,9 @@ def test_a_batch_flood_cannot_starve_interactive():
         d.submit(req(BATCH), 0.0)
     served = 0
     for n in range(20):
-        out = d.submit(req(now=float(n)), float(n))
-        assert all(isinstance(o, Preempted) for o in d.take_notices())
+        decided = d.submit(req(now=float(n)), float(n))
+        out = decided.answer
+        assert all(isinstance(o, Preempted) for o in decided.others)
         if isinstance(out, Dispatch):
             served += 1
             d.finish(out, float(n) + 0.5)
@@ -212,22 +214,22 @@ def test_full_queue_sheds_the_newest_batch_for_interactive():
     settings = AdmissionSettings(enabled=True, limits=LimitSettings(initial=1), max_queue=2)
     d = Dispatcher([PoolSpec("shared", ["e0"], policy="least_loaded")], budgets={INTERACTIVE: 0.05}, admission=settings)
     d.submit(req(), 0.0)
-    q1 = d.submit(req(BATCH), 0.0)
-    q2 = d.submit(req(BATCH), 0.0)
+    q1 = d.submit(req(BATCH), 0.0).answer
+    q2 = d.submit(req(BATCH), 0.0).answer
     assert isinstance(q1, Queued) and isinstance(q2, Queued)
-    extra_batch = d.submit(req(BATCH), 0.0)
-    assert isinstance(extra_batch, Rejection) and extra_batch.status == 429
-    interactive = d.submit(req(), 0.0)
-    assert isinstance(interactive, Queued)
-    shed = d.take_notices()
+    extra_batch = d.submit(req(BATCH), 0.0).answer
+    assert isinstance(extra_batch, Rejection) and extra_batch.reason == Refusal.QUEUE_FULL
+    decided = d.submit(req(), 0.0)
+    assert isinstance(decided.answer, Queued)
+    shed = decided.others
     assert [o.request for o in shed] == [q2.request]
-    assert isinstance(shed[0], Rejection) and shed[0].code == "shed"
+    assert isinstance(shed[0], Rejection) and shed[0].reason == Refusal.SHED
 
 
 def test_interactive_overflows_into_a_priority_pool_that_accepts_it():
     d = make(interactive=1, batch=1, limit=1, overflow=True)
     d.submit(req(), 0.0)
-    out = d.submit(req(), 0.0)
+    out = d.submit(req(), 0.0).answer
     assert isinstance(out, Dispatch)
     assert out.pool == "batch" and out.reason == "overflow"
     assert out.priority == 0
@@ -235,7 +237,7 @@ def test_interactive_overflows_into_a_priority_pool_that_accepts_it():
 
 def test_finish_twice_gives_back_once():
     d = make(interactive=1, limit=2)
-    out = d.submit(req(), 0.0)
+    out = d.submit(req(), 0.0).answer
     d.finish(out, 1.0)
     d.finish(out, 1.0)
     assert d.engine("i0").inflight == 0
@@ -248,34 +250,37 @@ def itl_histogram(fast: int, slow: int = 0) -> tuple[tuple[float, float], ...]:
 
 def test_hammering_with_refused_requests_cannot_talk_the_limit_down():
     d = make(interactive=1, limit=2)
-    running = [d.submit(req(), 0.0) for _ in range(2)]
+    running = [d.submit(req(), 0.0).answer for _ in range(2)]
     assert all(isinstance(o, Dispatch) for o in running)
     d.apply_scrape("i0", EngineMetrics(running=2, itl_buckets=itl_histogram(0)), 0.0)
     made = 0
     refused = 0
+    changes = []
     t = 0.0
     while t < 60.0:
         t += 1.0 / 30
         for _ in range(50):  # a client resending at once whatever is refused
-            out = d.submit(req(now=t), t)
+            out = d.submit(req(now=t), t).answer
             refused += isinstance(out, Rejection)
         for dispatch in running:
             d.observe_itl(dispatch, 0.09, t)  # the starved host relays every gap late
         made += 2
         if round(t * 30) % 60 == 0:
             d.apply_scrape("i0", EngineMetrics(running=2, itl_buckets=itl_histogram(made)), t)  # on time
-        for o in d.poll(t):
-            refused += isinstance(o, Rejection)
+        decided = d.poll(t)
+        refused += sum(isinstance(o, Rejection) for o in decided)
+        changes += decided.limit_changes
     assert refused > 10_000
     assert d.concurrency_limits()["i0"] == 2
-    assert {c.reason for c in d.take_limit_changes()} == {"relay_slow_engine_on_time"}
+    assert {c.reason for c in changes} == {"relay_slow_engine_on_time"}
 
 
 def test_a_limit_shrunk_by_an_overload_is_back_at_the_probe_level_after_idling():
     d = make(interactive=1, limit=2)
     d.apply_scrape("i0", EngineMetrics(itl_buckets=itl_histogram(0)), 0.0)
-    running = [d.submit(req(), 0.0) for _ in range(2)]
+    running = [d.submit(req(), 0.0).answer for _ in range(2)]
     made = slow = 0
+    changes = []
     t = 0.0
     while d.concurrency_limits()["i0"] == 2 and t < 30.0:
         t += 1.0 / 30
@@ -284,12 +289,12 @@ def test_a_limit_shrunk_by_an_overload_is_back_at_the_probe_level_after_idling()
         slow += 2
         if round(t * 30) % 60 == 0:
             d.apply_scrape("i0", EngineMetrics(running=2, itl_buckets=itl_histogram(made, slow)), t)
-        d.poll(t)
+        changes += d.poll(t).limit_changes
     assert d.concurrency_limits()["i0"] == 1
     for dispatch in running:
         d.finish(dispatch, t)
     while t < 120.0:  # then nobody comes for a while
         t += 0.5
-        d.poll(t)
+        changes += d.poll(t).limit_changes
     assert d.concurrency_limits()["i0"] == 2
-    assert [c.reason for c in d.take_limit_changes()][-1] == "recovering"
+    assert [c.reason for c in changes][-1] == "recovering"

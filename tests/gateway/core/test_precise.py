@@ -1,29 +1,7 @@
 from gateway.core.dispatcher import Dispatch, Dispatcher, PoolSpec
+from gateway.core.kv_events import AllBlocksCleared, BlockStored
 from gateway.core.precise import ROOT, PreciseIndex, token_block_hashes
 from gateway.core.request import RouteRequest
-
-
-class Stored:
-    def __init__(self, block_hashes, parent, token_ids, block_size):
-        self.block_hashes, self.parent_block_hash, self.token_ids, self.block_size = (
-            block_hashes,
-            parent,
-            token_ids,
-            block_size,
-        )
-
-
-class Removed:
-    def __init__(self, block_hashes):
-        self.block_hashes = block_hashes
-
-
-class AllBlocksCleared:
-    pass
-
-
-Stored.__name__ = "BlockStored"
-Removed.__name__ = "BlockRemoved"
 
 TOKENS = list(range(1000, 1000 + 64))  # four blocks of 16
 
@@ -66,18 +44,18 @@ def request(i, tokens):
 
 def test_precise_pool_routes_by_events_not_by_its_own_history():
     d = Dispatcher([PoolSpec("interactive", ["a", "b"], policy="prefix", policy_options={"precise": True})])
-    first = d.submit(request(0, TOKENS), 0.0)
+    first = d.submit(request(0, TOKENS), 0.0).answer
     assert isinstance(first, Dispatch)
     d.finish(first, 0.1)
     other = "b" if first.engine.id == "a" else "a"
     # Routing recorded nothing: until an engine reports the blocks, there is no affinity.
-    again = d.submit(request(1, TOKENS), 0.2)
+    again = d.submit(request(1, TOKENS), 0.2).answer
     assert again.predicted_cached_tokens == 0
     d.finish(again, 0.3)
-    d.apply_kv_events(other, [Stored([1, 2, 3, 4], None, TOKENS, 16)], 0.4)
-    third = d.submit(request(2, TOKENS), 0.5)
+    d.apply_kv_events(other, [BlockStored([1, 2, 3, 4], None, TOKENS, 16)], 0.4)
+    third = d.submit(request(2, TOKENS), 0.5).answer
     assert third.engine.id == other and third.reason == "affinity"
     assert third.predicted_cached_tokens == 48  # whole blocks, never the last prompt token
     d.finish(third, 0.6)
     d.apply_kv_events(other, [AllBlocksCleared()], 0.7)
-    assert d.submit(request(3, TOKENS), 0.8).predicted_cached_tokens == 0
+    assert d.submit(request(3, TOKENS), 0.8).answer.predicted_cached_tokens == 0

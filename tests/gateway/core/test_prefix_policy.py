@@ -36,12 +36,12 @@ def test_follow_up_turns_go_where_the_conversation_is_cached():
     d = dispatcher()
     first = {}
     for c in range(8):
-        out = d.submit(request(c, conversation(c, 1)), 0.0)
+        out = d.submit(request(c, conversation(c, 1)), 0.0).answer
         assert isinstance(out, Dispatch)
         first[c] = out.engine.id
         d.finish(out, 0.1)
     for c in range(8):
-        out = d.submit(request(100 + c, conversation(c, 3)), 1.0)
+        out = d.submit(request(100 + c, conversation(c, 3)), 1.0).answer
         assert isinstance(out, Dispatch)
         assert out.engine.id == first[c]
         assert out.predicted_cached_tokens > 0
@@ -52,11 +52,11 @@ def test_two_routers_that_share_nothing_agree_on_new_prefixes():
     a, b = dispatcher(), dispatcher()
     # Router a has seen other traffic; router b has seen nothing.
     for i in range(20):
-        out = a.submit(request(1000 + i, conversation(500 + i, 2)), 0.0)
+        out = a.submit(request(1000 + i, conversation(500 + i, 2)), 0.0).answer
         a.finish(out, 0.0)
     for c in range(30):
-        out_a = a.submit(request(c, conversation(c, 1)), 1.0)
-        out_b = b.submit(request(c, conversation(c, 1)), 1.0)
+        out_a = a.submit(request(c, conversation(c, 1)), 1.0).answer
+        out_b = b.submit(request(c, conversation(c, 1)), 1.0).answer
         assert out_a.engine.id == out_b.engine.id
         assert out_a.reason == out_b.reason == "rendezvous"
         a.finish(out_a, 1.0)
@@ -70,7 +70,7 @@ def test_same_sequence_same_choices_across_instances():
         choices = []
         live = []
         for i in range(200):
-            out = d.submit(request(i, conversation(i % 13, 1 + i % 4)), float(i))
+            out = d.submit(request(i, conversation(i % 13, 1 + i % 4)), float(i)).answer
             choices.append(out.engine.id)
             live.append(out)
             if i % 3 == 0:
@@ -84,7 +84,7 @@ def test_hot_prefix_spreads_instead_of_piling_up():
     system = "You are a helpful assistant. " * 40
     live = []
     for i in range(64):
-        live.append(d.submit(request(i, system + f"question {i}"), 0.0))
+        live.append(d.submit(request(i, system + f"question {i}"), 0.0).answer)
     loads = [e.inflight for e in d.engines()]
     assert max(loads) <= math.ceil(1.25 * 64 / 4)
     assert min(loads) > 0
@@ -102,7 +102,7 @@ def test_no_engine_is_chosen_above_the_load_bound(ops, factor):
         engines = d.engines()
         total = sum(e.load for e in engines)
         bound = math.ceil(factor * (total + 1) / len(engines) - 1e-9)
-        out = d.submit(request(i, conversation(conv, turns)), float(i))
+        out = d.submit(request(i, conversation(conv, turns)), float(i)).answer
         assert isinstance(out, Dispatch)
         assert out.engine.load <= bound  # its load after taking this request
         live.append(out)
@@ -112,21 +112,21 @@ def test_no_engine_is_chosen_above_the_load_bound(ops, factor):
 
 def test_session_pin_holds_then_releases_on_overload_and_death():
     d = dispatcher(load_factor=1.0)
-    pinned = d.submit(request(0, "short", session="s1"), 0.0)
+    pinned = d.submit(request(0, "short", session="s1"), 0.0).answer
     d.finish(pinned, 0.0)
     home = pinned.engine
-    again = d.submit(request(1, "a different prompt entirely " * 5, session="s1"), 1.0)
+    again = d.submit(request(1, "a different prompt entirely " * 5, session="s1"), 1.0).answer
     assert again.engine is home and again.reason == "session"
     # Overload the pinned engine: the pin is released, the request goes elsewhere.
-    extra = [d.submit(request(10 + i, "x"), 1.0) for i in range(6)]
+    extra = [d.submit(request(10 + i, "x"), 1.0).answer for i in range(6)]
     for out in extra:
         if out.engine is not home:
             d.finish(out, 1.0)
-    moved = d.submit(request(2, "more", session="s1"), 2.0)
+    moved = d.submit(request(2, "more", session="s1"), 2.0).answer
     assert moved.engine is not home
     # The pin followed the request; now kill that engine.
     d.set_health(moved.engine.id, False, 3.0)
-    after = d.submit(request(3, "again", session="s1"), 3.0)
+    after = d.submit(request(3, "again", session="s1"), 3.0).answer
     assert after.engine is not moved.engine and after.engine.healthy
 
 
@@ -135,11 +135,11 @@ def test_session_pin_holds_then_releases_on_overload_and_death():
 @pytest.mark.parametrize("queries", [(5000, 10), (0, 5000, 10)])
 def test_engine_restart_clears_what_the_index_believed(queries):
     d = dispatcher()
-    out = d.submit(request(0, conversation(1, 2)), 0.0)
+    out = d.submit(request(0, conversation(1, 2)), 0.0).answer
     d.finish(out, 0.0)
     for i, count in enumerate(queries):
         d.apply_scrape(out.engine.id, EngineMetrics(prefix_queries=count, prefix_hits=count // 5), 1.0 + i)
-    follow = d.submit(request(1, conversation(1, 3)), 10.0)
+    follow = d.submit(request(1, conversation(1, 3)), 10.0).answer
     assert follow.reason != "affinity"
 
 
@@ -158,7 +158,7 @@ def _repeat_turns(d: Dispatcher, start: int, count: int, finish: bool = True) ->
     """Route the same conversation again and again; returns where it went and the prompt tokens sent."""
     engines, tokens = set(), 0
     for i in range(start, start + count):
-        out = d.submit(request(i, conversation(7, 3)), float(i))
+        out = d.submit(request(i, conversation(7, 3)), float(i)).answer
         engines.add(out.engine.id)
         tokens += out.request.prompt_tokens
         if finish:
@@ -196,7 +196,7 @@ def test_prompts_the_engine_has_not_computed_yet_take_no_room_in_the_modelled_ca
     _scrape_all(d, 0.0)  # a cache of 1,600 tokens
     index = d.pools["interactive"].policy.index
     texts = [f"<prompt {i}> " + f"distinct words of prompt {i} " * 200 for i in range(5)]
-    queued = [d.submit(request(i, texts[i]), 1.0) for i in range(4)]
+    queued = [d.submit(request(i, texts[i]), 1.0).answer for i in range(4)]
     assert sum(out.request.prompt_tokens for out in queued) > 2 * 1600
     # Queued behind each other, none computed yet: the engine still holds whatever it held, and will
     # hold each of them once computed, so the index forgets none of them.
@@ -204,6 +204,6 @@ def test_prompts_the_engine_has_not_computed_yet_take_no_room_in_the_modelled_ca
         assert index.match(out.request.prefix, ENGINES[:1]) == [len(out.request.prefix)], i
     for out in queued:
         d.observe_ttft(out, 0.5, 1.5)
-    later = d.submit(request(4, texts[4]), 2.0)
+    later = d.submit(request(4, texts[4]), 2.0).answer
     assert index.used(ENGINES[0]) <= 1600 + later.prefill_tokens
     assert index.match(queued[0].request.prefix, ENGINES[:1]) == [0]

@@ -48,7 +48,7 @@ class Channel:
 
 
 def route(d: Dispatcher, rid: str, text: str) -> str:
-    out = d.submit(request(rid, text), 0.0)
+    out = d.submit(request(rid, text), 0.0).answer
     assert isinstance(out, Dispatch)
     d.finish(out, 0.0)
     return out.engine.id
@@ -62,7 +62,7 @@ def test_turns_split_between_replicas_stay_on_one_engine_once_they_share():
     for share in (False, True):
         a, b = replica(load_factor=1.0), replica(load_factor=1.0)
         channel = Channel(b"a")
-        busy = [a.submit(request(f"w{i}", SYSTEM + f"<user warm {i}> hello " * 10), 0.0) for i in range(8)]
+        busy = [a.submit(request(f"w{i}", SYSTEM + f"<user warm {i}> hello " * 10), 0.0).answer for i in range(8)]
         for out in busy:
             a.finish(out, 0.0)
         route(b, "b", SYSTEM + "<user other> a question of its own " * 10)
@@ -147,7 +147,7 @@ def test_the_outbox_keeps_the_newest_facts_when_nobody_takes_them():
 def test_other_replicas_requests_count_as_load_until_they_finish():
     a, b = replica(), replica()
     channel = Channel(b"a")
-    out = a.submit(request("r", turns(1, 3)), 0.0)
+    out = a.submit(request("r", turns(1, 3)), 0.0).answer
     assert isinstance(out, Dispatch)
     b.learn(channel.batch(a.take_learned()), 0.0)
     seen = b.engine(out.engine.id)
@@ -165,7 +165,7 @@ def test_a_full_report_corrects_what_was_lost_and_silence_forgets():
     a, b = replica(), replica()
     channel = Channel(b"a")
     b.learn(channel.batch(a.take_learned(full=True)), 0.0)
-    outs = [a.submit(request(f"r{i}", turns(i, 2)), 0.0) for i in range(4)]
+    outs = [a.submit(request(f"r{i}", turns(i, 2)), 0.0).answer for i in range(4)]
     lost = a.take_learned()  # this batch never arrives
     channel.sequence += 1
     for out in outs[:2]:
@@ -194,7 +194,7 @@ def test_losing_the_channel_leaves_only_what_this_replica_knows():
 def test_a_scrape_does_not_count_other_replicas_requests_twice():
     a, b = replica(), replica()
     channel = Channel(b"a")
-    out = a.submit(request("r", turns(1, 2)), 0.0)
+    out = a.submit(request("r", turns(1, 2)), 0.0).answer
     b.learn(channel.batch(a.take_learned()), 0.0)
     seen = b.engine(out.engine.id)
     seen.mark_scrape_start()
@@ -210,7 +210,7 @@ def test_a_replica_that_does_not_share_tells_nothing():
 
 def test_precise_mode_shares_load_but_no_blocks():
     a = replica(precise=True)
-    out = a.submit(RouteRequest("r", "interactive", "m", 0.0, prompt_tokens=100, prefix=[1, 2, 3]), 0.0)
+    out = a.submit(RouteRequest("r", "interactive", "m", 0.0, prompt_tokens=100, prefix=[1, 2, 3]), 0.0).answer
     assert isinstance(out, Dispatch)
     learned = a.take_learned()
     assert learned.facts == [] and learned.load == {out.engine.id: EngineLoad(1, 100)}

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import ssl
-import subprocess
-from pathlib import Path
 
 import httpx
 import openai
@@ -12,36 +10,6 @@ import pytest
 
 from tests.support.observe import wait_for
 from tests.support.procs import start_engine, start_gateway
-
-
-def _openssl(tmp: Path, *args: str) -> None:
-    subprocess.run(["openssl", *args], cwd=tmp, check=True, capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory) -> dict[str, Path]:
-    """A private CA and a server certificate it signed for 127.0.0.1."""
-    tmp = tmp_path_factory.mktemp("certs")
-    _openssl(
-        tmp,
-        *("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=gateway-test-ca"),
-        *("-keyout", "ca.key", "-out", "ca.pem"),
-        *("-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"),
-    )
-    _openssl(
-        tmp,
-        *("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1"),
-        *("-keyout", "key.pem", "-out", "req.csr"),
-    )
-    (tmp / "ext.cnf").write_text(
-        "subjectAltName=IP:127.0.0.1\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
-    )
-    _openssl(
-        tmp,
-        *("x509", "-req", "-in", "req.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial"),
-        *("-days", "2", "-extfile", "ext.cnf", "-out", "cert.pem"),
-    )
-    return {"ca": tmp / "ca.pem", "key": tmp / "key.pem", "cert": tmp / "cert.pem"}
 
 
 @pytest.fixture(scope="module")

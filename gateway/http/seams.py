@@ -1,0 +1,106 @@
+"""What the request path needs from the rest of the gateway, as small protocols.
+
+``Proxy`` (and through it every batch line) depends on these alone, never on the running
+``Gateway``: each can be replaced in a test by a few lines, and each says what crosses it.
+The running gateway wires the real ones: ``gateway.scheduler.Scheduler`` (admission),
+``gateway.placement.Placement`` (placement), ``gateway.upstream.monitor.EngineMonitor``
+(engines), ``gateway.ratelimit.RateLimiter`` (rate limits), ``gateway.metrics.GatewayMetrics``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from starlette.types import Send
+
+from gateway.core.classes import Budget
+from gateway.core.dispatcher import Answer, Dispatch, Rejection
+from gateway.core.request import RouteRequest
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter, Gauge, Histogram
+
+    from gateway.auth import Principal
+    from gateway.ratelimit import Meter
+    from gateway.upstream.h1 import Headers, Response
+
+
+class Admission(Protocol):
+    """Admission and routing: the core's dispatcher, its decisions carried out on the wall clock."""
+
+    def home(self, cls: str) -> str: ...
+
+    def submit(self, req: RouteRequest) -> Answer: ...
+
+    def wait_turn(self, req: RouteRequest) -> Awaitable[Dispatch | Rejection]: ...
+
+    def retry(self, dispatch: Dispatch) -> Answer: ...
+
+    def finish(self, dispatch: Dispatch, ok: bool) -> None: ...
+
+    def cancel(self, req: RouteRequest) -> None: ...
+
+    def running(self, req: RouteRequest, stop: Callable[[], bool]) -> None: ...
+
+    def stopped(self, req: RouteRequest) -> None: ...
+
+    def observe_ttft(self, dispatch: Dispatch, seconds: float, now: float) -> None: ...
+
+    def observe_itl(self, dispatch: Dispatch, seconds: float, now: float) -> None: ...
+
+
+class Placement(Protocol):
+    """What the core needs to know of a request, read from its body: model, prompt, prefix."""
+
+    def route_request(
+        self,
+        parsed: Mapping[str, Any],
+        hashes_prompt: bool,
+        cls: str,
+        budget: Budget,
+        session: str | None,
+        arrival: float,
+    ) -> RouteRequest: ...
+
+
+class EngineClient(Protocol):
+    async def request(
+        self,
+        method: bytes,
+        path: bytes,
+        headers: Headers = (),
+        body: bytes = b"",
+        first_byte_timeout: float | None = None,
+    ) -> Response: ...
+
+
+class EngineClients(Protocol):
+    """The connection pools to the engines, and where to report one that cannot be reached."""
+
+    def client(self, engine_id: str) -> EngineClient: ...
+
+    def connect_failed(self, engine_id: str, reason: str) -> None: ...
+
+
+class RateLimits(Protocol):
+    """Requests and tokens per minute of an API key."""
+
+    def admit(self, principal: Principal, req: RouteRequest) -> Awaitable[None]: ...
+
+    def meter(self, principal: Principal, req: RouteRequest, send: Send) -> Meter | None: ...
+
+
+class RelayMetrics(Protocol):
+    """The Prometheus families the request path writes (labels in ``gateway.metrics``)."""
+
+    requests: Counter
+    ttft: Histogram
+    itl: Histogram
+    routing: Counter
+    predicted_cached: Histogram
+    admission: Counter
+    queue_wait: Histogram
+    upstream_errors: Counter
+    retries: Counter
+    queued_bytes: Gauge
