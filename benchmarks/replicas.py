@@ -69,7 +69,6 @@ COMMON = [
 REPLICAS = (1, 2, 4, 8)
 RATES = (1.0, 2.0)
 OPTION_MINUTES = 20.0
-OPTION_REPLICAS = (2, 8)
 DELAYS_MS = (1.0, 10.0, 100.0, 1000.0)
 BAR = 0.9
 
@@ -242,16 +241,16 @@ def _stack(*managers: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
         yield
 
 
-def options(minutes: float) -> dict[str, Any]:
+def options(minutes: float, rates: tuple[float, ...], counts: tuple[int, ...]) -> dict[str, Any]:
     span = ["--minutes", f"{minutes:g}"]
     plan: list[tuple[str, float, int, list[str], Callable[[], Any] | None]] = []
-    for rate in RATES:
+    for rate in rates:
         plan.append(("one_replica", rate, 1, [], None))
         for name, (_, argv, patch) in VARIANTS.items():
-            for n in OPTION_REPLICAS:
+            for n in counts:
                 plan.append((name, rate, n, argv, patch))
         for delay in DELAYS_MS:
-            plan.append((f"shared_delay_{delay:g}ms", rate, 8, ["--share-delay-ms", f"{delay:g}"], None))
+            plan.append((f"shared_delay_{delay:g}ms", rate, max(counts), ["--share-delay-ms", f"{delay:g}"], None))
     runs = Runs(len(plan))
     out: dict[str, Any] = {
         "minutes": minutes,
@@ -514,11 +513,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
     if "options" in results:
         ax = axes[-1]
         runs = results["options"]["runs"]
-        names = [n for n in VARIANTS]
-        width = 0.2
-        for i, (rate, n) in enumerate((r, n) for r in RATES for n in OPTION_REPLICAS):
-            xs = [j + (i - 1.5) * width for j in range(len(names))]
-            ys = [runs[f"{rate:g}x/{n}/{name}"]["share_of_oracle"] for name in names]
+        names = list(dict.fromkeys(r["variant"] for r in runs.values() if r["replicas"] > 1))
+        combos = sorted({(r["rate"], r["replicas"]) for r in runs.values() if r["replicas"] > 1})
+        width = 0.8 / len(combos)
+        for i, (rate, n) in enumerate(combos):
+            xs = [j + (i - (len(combos) - 1) / 2) * width for j in range(len(names))]
+            ys = [runs.get(f"{rate:g}x/{n}/{name}", {}).get("share_of_oracle", 0.0) for name in names]
             ax.bar(xs, ys, width, label=f"{n} replicas, {rate:g}x")
         ax.axhline(BAR, color="black", linewidth=1, linestyle=":")
         ax.set_xticks(range(len(names)))
@@ -535,6 +535,8 @@ def main() -> None:
     parser.add_argument("--parts", default="matrix,options,realtime")
     parser.add_argument("--minutes", type=float, default=None, help="matrix: replay only the first M minutes")
     parser.add_argument("--option-minutes", type=float, default=OPTION_MINUTES, help="options: the first M minutes")
+    parser.add_argument("--option-rates", default="1,2", help="options: rate scales")
+    parser.add_argument("--option-replicas", default="2,8", help="options: replica counts (delays at the largest)")
     parser.add_argument("--realtime-minutes", type=float, default=5.0)
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/replicas"))
     args = parser.parse_args()
@@ -551,7 +553,9 @@ def main() -> None:
             if part == "matrix":
                 results[part] = matrix(args.minutes, path)
             elif part == "options":
-                results[part] = options(args.option_minutes)
+                rates = tuple(float(r) for r in args.option_rates.split(","))
+                counts = tuple(int(n) for n in args.option_replicas.split(","))
+                results[part] = options(args.option_minutes, rates, counts)
             else:
                 results[part] = realtime(args.realtime_minutes)
             results[part]["command"] = "python benchmarks/replicas.py " + " ".join(sys.argv[1:])
