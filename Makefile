@@ -28,7 +28,7 @@ test: $(STAMP) $(ACTIONLINT)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest
+	$(BIN)/pytest --cov --cov-report=term
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -94,16 +94,13 @@ def start_gateway(tmp: Path, engine: str, source: Path | None = None, log_level:
     config = tmp / "gateway.yaml"
     pools = f"pools:\n  interactive:\n    engines: ['{engine}']\n  batch:\n    engines: ['{engine}']\n"
     config.write_text(pools + f"log_level: {log_level}\n")
-    args = ["serve", "--config", str(config), "--port", str(port)]
-    if source is None:
-        cmd = [sys.executable, "-m", "gateway", *args]
-    else:
-        # The other checkout first on sys.path, ahead of this one.
-        run = "import sys, runpy; sys.path.insert(0, sys.argv.pop(1)); runpy.run_module('gateway', run_name='__main__')"
-        args = [str(source), *args]
-        cmd = [sys.executable, "-c", run, *args]
+    cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
+    # The other checkout's packages ahead of the installed ones: run from there (``-m`` puts the
+    # working directory first on the path), and on PYTHONPATH, which precedes site-packages.
+    env = None if source is None else {**os.environ, "PYTHONPATH": str(source)}
     log = tmp / f"gateway-{port}.log"
-    return Proc(taskset("0", cmd), f"http://127.0.0.1:{port}", log).start().wait_ready("/ready")
+    proc = Proc(taskset("0", cmd), f"http://127.0.0.1:{port}", log, env, cwd=source)
+    return proc.start().wait_ready("/ready")
 
 
 def start_router(tmp: Path, engine: str, router_bin: str) -> Proc:
@@ -229,6 +226,7 @@ def main() -> None:
         "command": " ".join(["python", "benchmarks/relay_overhead.py", *sys.argv[1:]]),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "duration_s": args.duration,
+        "baseline": args.baseline,
         "cpus": os.cpu_count(),
         "results": results,
         "summary": summary,

@@ -176,8 +176,17 @@ class _StateCollector(Collector):
             "Requests the other replicas last reported in flight to the engine (prefix.share).",
             labels=("pool", "engine"),
         )
+        lora = GaugeMetricFamily(
+            "gateway_engine_lora_adapters",
+            "LoRA adapters of the engine: its max_lora slots, and those holding one (vllm:lora_requests_info at the"
+            " last scrape, plus this replica's requests in flight).",
+            labels=("pool", "engine", "state"),
+        )
         for engine in self.state.engines():
             labels = (engine.pool, engine.id)
+            if engine.adapters.max_lora is not None:
+                lora.add_metric((*labels, "max_lora"), engine.adapters.max_lora)
+                lora.add_metric((*labels, "busy"), len(engine.adapters.busy()))
             if engine.scraped_at is not None:
                 kv.add_metric(labels, engine.kv_usage)
                 requests.add_metric((*labels, "running"), engine.running)
@@ -191,4 +200,4 @@ class _StateCollector(Collector):
         )
         for pool, value in self.state.prefix_hit_estimates().items():
             ratio.add_metric((pool,), value)
-        yield from (inflight, healthy, limit, depth, ratio, kv, requests, pending, peers)
+        yield from (inflight, healthy, limit, depth, ratio, kv, requests, pending, peers, lora)

@@ -1,17 +1,21 @@
 """From a request's parsed body to what the core routes on: its model, prompt length and prefix.
 
 Rules:
-- The model must be one the pools serve (a 404 names them); without ``model``, the only one served.
-- The prefix is hashed the way the home pool's engines will see the prompt: token blocks of the
+- The model must be one the pools serve or an alias (a 404 names the first ``LISTED_IN_ERROR`` of
+  them); without ``model``, the only one served. An alias resolves here, once per request: the
+  core routes on the served name, and ``RouteRequest.alias`` keeps the public one.
+- The prefix is hashed the way the model's pool's engines will see the prompt: token blocks of the
   engines' own size in precise mode (the pool's tokenizer), blocks of token ids for a completions
-  prompt given as ids, else ``prefix.block_chars`` characters of the text as rendered.
+  prompt given as ids, else ``prefix.block_chars`` characters of the text as rendered. The chain
+  is seeded with the base model and the LoRA adapter (``Catalog.resolve``); precise mode seeds
+  with the adapter's name, as the engines' KV events carry it.
 - Request ids here are the gateway's own: a client's ``x-request-id`` is echoed, but need not be unique.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from gateway.core.classes import Budget
@@ -28,6 +32,7 @@ from gateway.core.prefix import (
 from gateway.core.request import RouteRequest
 from gateway.errors import ApiError
 from gateway.http.body import echo, max_tokens_of
+from gateway.models import Catalog, Resolved
 from gateway.tokenizers import PromptTokenizer, prompt_token_ids
 
 
@@ -42,14 +47,14 @@ class PrecisePrompts(Protocol):
 class Placement:
     def __init__(
         self,
-        home: Callable[[str], str],
-        models: Callable[[], Collection[str]],
+        home: Callable[[str, str], str],
+        catalog: Catalog,
         precise: Mapping[str, PrecisePrompts],
         block_chars: int,
         block_tokens: int,
     ) -> None:
         self.home = home
-        self.models = models
+        self.catalog = catalog
         self.precise = precise
         self.block_chars = block_chars
         self.block_tokens = block_tokens
@@ -64,31 +69,33 @@ class Placement:
         session: str | None,
         arrival: float,
     ) -> RouteRequest:
-        model = self._model(parsed)
+        resolved = self._model(parsed)
         req = RouteRequest(
             next(self._ids),
             cls,
-            model,
+            resolved.served,
             arrival,
             budget=budget,
             session=session,
             restartable=parsed.get("stream") is not True,
+            adapter=resolved.adapter,
+            alias=resolved.public if resolved.public != resolved.served else None,
         )
         req.max_tokens = max_tokens_of(parsed)
         if hashes_prompt:
-            self._hash_prompt(req, parsed)
+            self._hash_prompt(req, parsed, resolved.seed)
         return req
 
-    def _hash_prompt(self, req: RouteRequest, parsed: Mapping[str, Any]) -> None:
+    def _hash_prompt(self, req: RouteRequest, parsed: Mapping[str, Any], seed_key: str) -> None:
         try:
-            precise = self.precise.get(self.home(req.cls))
+            precise = self.precise.get(self.home(req.cls, req.model))
             if precise is not None:
                 token_ids = prompt_token_ids(precise.tokenizer, parsed)
                 req.prompt_tokens = len(token_ids)
                 req.block_tokens = precise.block_size()
-                req.prefix = token_block_hashes(token_ids, req.block_tokens)
+                req.prefix = token_block_hashes(token_ids, req.block_tokens, lora_name=req.adapter)
                 return
-            seed = chain_seed(req.model, parsed.get("cache_salt"))
+            seed = chain_seed(seed_key, parsed.get("cache_salt"))
             req.block_tokens = self.block_tokens
             given = token_prompt(parsed)
             if given is not None:
@@ -102,20 +109,16 @@ class Placement:
         req.prompt_tokens = estimate_tokens(text)
         req.prefix = hash_blocks(text, seed, self.block_chars)
 
-    def _model(self, parsed: Mapping[str, Any]) -> str:
+    def _model(self, parsed: Mapping[str, Any]) -> Resolved:
+        catalog = self.catalog
         model = parsed.get("model")
-        known = self.models()
+        known = catalog.known()
         if model is None:
             if len(known) == 1:
-                return next(iter(known))
+                return catalog.resolve(next(iter(known)))
             raise ApiError(400, "'model' is required", "missing_required_parameter", "model")
         if not isinstance(model, str):
             raise ApiError(400, "'model' must be a string", "invalid_value", "model")
         if known and model not in known:
-            raise ApiError(
-                404,
-                f"The model '{echo(model)}' does not exist; served: {', '.join(sorted(known))}",
-                "model_not_found",
-                "model",
-            )
-        return model
+            raise ApiError(404, catalog.unknown_message(model, echo(model)), "model_not_found", "model")
+        return catalog.resolve(model)

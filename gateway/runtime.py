@@ -13,6 +13,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from gateway import log
+from gateway.adapters import AdapterLoader
 from gateway.auth import Authenticator
 from gateway.batch import BatchService
 from gateway.config import Config, PoolConfig
@@ -21,6 +22,7 @@ from gateway.core.dispatcher import AdmissionSettings, Dispatcher, PoolSpec
 from gateway.core.limiter import LimitSettings
 from gateway.keys import KeyAuthenticator
 from gateway.metrics import GatewayMetrics
+from gateway.models import Catalog
 from gateway.placement import Placement
 from gateway.ratelimit import RateLimiter
 from gateway.routing_share import RoutingShare
@@ -75,6 +77,8 @@ def build_dispatcher(config: Config) -> Dispatcher:
                 backfill=pool.backfill,
                 accept_overflow=pool.accept_overflow,
                 policy_options=policy_options(config, pool),
+                models=(*pool.models, *([pool.model] if pool.model else [])),
+                loadable=tuple(pool.lora_adapters),
             )
             for name, pool in config.pools.items()
         ],
@@ -118,7 +122,8 @@ class Gateway:
         self.auth: Authenticator = auth or self.keys
         self.limiter: RateLimiter | None = RateLimiter(self.store)
         self.batches = BatchService(self.store, config.batch, self.metrics, self.model_ids)
-        self._configured_models = {p.model for p in config.pools.values() if p.model}
+        self.catalog = Catalog(config, self.monitor)
+        self.adapters = AdapterLoader(config.pools, self.dispatcher.engine, self.monitor)
         self.scheduler = Scheduler(self.dispatcher)
         self._poller: asyncio.Task[None] | None = None
         self.on_stop: list[Callable[[], None]] = []
@@ -130,7 +135,7 @@ class Gateway:
             if pool.kv_events
         }
         self.placement = Placement(
-            self.scheduler.home, self.model_ids, self.precise, config.prefix.block_chars, config.prefix.block_tokens
+            self._pool_for, self.catalog, self.precise, config.prefix.block_chars, config.prefix.block_tokens
         )
         self.kv_feeds: dict[str, KVFeed] = {
             name: KVFeed(name, pool.kv_events, self.dispatcher, pool.kv_events_topics)
@@ -223,4 +228,7 @@ class Gateway:
     # -- models ------------------------------------------------------------------------
 
     def model_ids(self) -> set[str]:
-        return self.monitor.model_ids() | self._configured_models
+        return set(self.catalog.known())
+
+    def _pool_for(self, cls: str, model: str) -> str:
+        return self.dispatcher.pool_for(cls, model).name

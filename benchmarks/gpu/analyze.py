@@ -1,13 +1,17 @@
 """What the device runs measured, side by side, and what the simulator predicts for the same work.
 
-Reads the folder the harness's archive unpacks to (``res/``) and writes, under ``--out``:
+Reads the folders the harness's archives unpack to (``res/``, one per sitting on the device, in the
+order given) and writes, under ``--out``:
 
 - ``routing.json`` / ``routing.png``: per workload and front, each request's cached tokens as the
   engine reported them (token-weighted and per-request), the engines' own counters beside them,
-  TTFT p50/p99, ITL p99, output tokens/s, and how evenly prompt tokens spread over the engines.
+  TTFT p50/p99, ITL p99, output tokens/s, and how evenly prompt tokens spread over the engines;
+  every run, the median over a front's runs, and the gateway's prefix policy over each other front
+  (of the medians, and within each sitting, where the runs were measured side by side).
 - ``admission.json`` / ``admission.png``: interactive traffic beside a batch flood, two pools with
   admission against one shared FCFS pool.
-- ``relay.json``: TTFT p50 through each front at concurrency 1 and 64, and what it adds to direct.
+- ``relay.json``: TTFT p50 through each front at concurrency 1 and 64, and what it adds to direct,
+  before one engine and (``engines_4``) before four.
 - ``calibration.json`` / ``calibration.png``: the single-engine phases and the step-time fit
   (``vllm_calibration.fit_report``) that ``engines/sim/profiles/h200-7b-bf16.yaml`` holds.
 - ``sim_vs_real.json`` / ``sim_vs_real.png``: the profile's predictions for the same workloads
@@ -15,7 +19,8 @@ Reads the folder the harness's archive unpacks to (``res/``) and writes, under `
   device's four engines on one GPU), against the measurements, with the bounds of the check.
 - ``raw/``: every run's ``gateway bench`` results and the commands that made them.
 
-    .venv/bin/python benchmarks/gpu/analyze.py --res /tmp/gpures/res --out benchmarks/results/gpu
+    .venv/bin/python benchmarks/gpu/analyze.py --res /tmp/gpures/s1/res --res /tmp/gpures/s2/res \
+        --out benchmarks/results/gpu
 """
 
 from __future__ import annotations
@@ -115,35 +120,63 @@ def bench_row(results: dict) -> dict[str, Any]:
 # -- routing ----------------------------------------------------------------------------------------
 
 
-def routing(res: Path, raw: Path) -> dict[str, Any]:
+RUN_NUMBER = {"": 1, "-repeat": 2, "-third": 3}
+MEDIAN_KEYS = ("cached_token_ratio", "ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms", "output_tokens_per_s")
+
+
+def routing(sittings: list[Path], raw: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for folder in sorted(res.glob("route-*")):
-        match = re.match(r"route-(hot|mooncake)(-repeat)?-(.+)$", folder.name)
-        if not match or not (folder / "results.json").exists():
-            continue
-        workload, repeat, front = match.group(1), bool(match.group(2)), match.group(3)
-        results = json.loads((folder / "results.json").read_text())
-        shutil.copy(folder / "results.json", raw / f"{folder.name}.json")
-        row = {"front": front, "label": FRONTS.get(front, front), "repeat": repeat, **bench_row(results)}
-        row |= engine_deltas(folder)
-        row["command"] = results.get("command")
-        row["front_command"] = (folder / "front.cmd").read_text().strip()
-        out.setdefault(workload, {"runs": []})["runs"].append(row)
+    for sitting, res in enumerate(sittings, 1):
+        for folder in sorted(res.glob("route-*")):
+            # route-<workload>[-repeat|-third]-<front>: a front's first, second or third run
+            match = re.match(r"route-(hot|mooncake)(-repeat|-third)?-(.+)$", folder.name)
+            if not match or not (folder / "results.json").exists():
+                continue
+            workload, nth, front = match.group(1), RUN_NUMBER[match.group(2) or ""], match.group(3)
+            results = json.loads((folder / "results.json").read_text())
+            shutil.copy(folder / "results.json", raw / f"{folder.name}.json")
+            row = {"front": front, "label": FRONTS.get(front, front), "sitting": sitting, "run": nth}
+            row |= {"started": results.get("started"), **bench_row(results), **engine_deltas(folder)}
+            row["command"] = results.get("command")
+            row["front_command"] = (folder / "front.cmd").read_text().strip()
+            out.setdefault(workload, {"runs": []})["runs"].append(row)
     for data in out.values():
         by_front: dict[str, Any] = {}
         for front in FRONTS:
-            runs = [r for r in data["runs"] if r["front"] == front]
+            runs = sorted((r for r in data["runs"] if r["front"] == front), key=lambda r: r["run"])
             if runs:
-                by_front[front] = {
-                    key: round(statistics.median(r[key] for r in runs), 4)
-                    for key in ("cached_token_ratio", "ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms", "output_tokens_per_s")
-                }
+                by_front[front] = {key: round(statistics.median(r[key] for r in runs), 4) for key in MEDIAN_KEYS}
                 by_front[front]["runs"] = len(runs)
+                by_front[front]["each_run"] = {key: [r[key] for r in runs] for key in MEDIAN_KEYS}
         data["median_by_front"] = by_front
-        ours, ca = by_front.get("ours-prefix"), by_front.get("vllmr-ca")
-        if ours and ca:
-            data["ours_over_cache_aware_defaults"] = {
-                key: round(ours[key] / ca[key], 3) for key in ("cached_token_ratio", "ttft_p50_ms", "ttft_p99_ms")
+        ours = by_front.get("ours-prefix")
+        if ours:
+            data["ours_prefix_over"] = {
+                front: {key: round(ours[key] / other[key], 3) for key in MEDIAN_KEYS}
+                for front, other in by_front.items()
+                if front != "ours-prefix"
+            }
+        if "vllmr-ca" in data.get("ours_prefix_over", {}):
+            data["ours_over_cache_aware_defaults"] = data["ours_prefix_over"]["vllmr-ca"]
+        data["ours_prefix_over_by_sitting"] = ratios_by_sitting(data["runs"])
+    return out
+
+
+def ratios_by_sitting(runs: list[dict]) -> dict[str, Any]:
+    """The gateway's prefix policy over each other front, among the runs of one sitting only."""
+    out: dict[str, Any] = {}
+    for sitting in sorted({r["sitting"] for r in runs}):
+        mine = [r for r in runs if r["sitting"] == sitting]
+        ours = [r for r in mine if r["front"] == "ours-prefix"]
+        if not ours:
+            continue
+        for front in FRONTS:
+            others = [r for r in mine if r["front"] == front]
+            if front == "ours-prefix" or not others:
+                continue
+            out.setdefault(f"sitting {sitting}", {})[front] = {
+                key: round(statistics.median(r[key] for r in ours) / statistics.median(r[key] for r in others), 3)
+                for key in MEDIAN_KEYS
             }
     return out
 
@@ -178,25 +211,73 @@ def admission(res: Path, raw: Path) -> dict[str, Any]:
     return out
 
 
-def relay(res: Path, raw: Path) -> dict[str, Any]:
+RELAY_KEYS = ("completed", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")
+
+
+def relay_levels(path: Path, copy_to: Path) -> dict[str, Any] | None:
+    """One front's ``gateway bench`` closed loop: each concurrency level's figures and the command."""
+    if not path.exists():
+        return None
+    results = json.loads(path.read_text())
+    shutil.copy(path, copy_to)
+    out: dict[str, Any] = {str(run["concurrency"]): {k: run[k] for k in RELAY_KEYS} for run in results["runs"]}
+    out["command"] = results["command"]
+    return out
+
+
+def relay(res: Path, raw: Path, tag: str = "") -> dict[str, Any]:
+    """Each front before one engine; ``tag`` keeps a later sitting's raw copies apart (``relay-s2-*``)."""
     out: dict[str, Any] = {}
     for front in ("direct", "ours-prefix", "vllmr-rr"):
-        path = res / f"relay-{front}" / "results.json"
-        if not path.exists():
-            continue
-        results = json.loads(path.read_text())
-        shutil.copy(path, raw / f"relay-{front}.json")
-        out[front] = {
-            str(run["concurrency"]): {k: run[k] for k in ("completed", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")}
-            for run in results["runs"]
-        }
-        out[front]["command"] = results["command"]
+        if levels := relay_levels(res / f"relay-{front}" / "results.json", raw / f"relay-{tag}{front}.json"):
+            out[front] = levels
     if "direct" in out:
         for front in ("ours-prefix", "vllmr-rr"):
             if front in out:
                 out[front]["added_ttft_p50_ms"] = {
                     c: round(out[front][c]["ttft_p50_ms"] - out["direct"][c]["ttft_p50_ms"], 2) for c in ("1", "64")
                 }
+    return out
+
+
+def relay_engines(res: Path, raw: Path, engines: int = 4) -> dict[str, Any]:
+    """Relay overhead before several engines: direct is one client per engine at 64 / engines (the
+    c=64 figure is the median of their p50s) and runs first and again last."""
+    out: dict[str, Any] = {}
+    for front in ("direct", "ours-prefix", "vllmr-rr", "direct-again"):
+        folder = res / f"relay{engines}-{front}"
+        if front.startswith("direct"):
+            if not (folder / "c1" / "results.json").exists():
+                continue
+            one = json.loads((folder / "c1" / "results.json").read_text())
+            shutil.copy(folder / "c1" / "results.json", raw / f"relay{engines}-{front}-c1.json")
+            parts = []
+            for i in range(1, engines + 1):
+                path = folder / f"c64-engine{i}" / "results.json"
+                if path.exists():
+                    parts.append(json.loads(path.read_text()))
+                    shutil.copy(path, raw / f"relay{engines}-{front}-c64-engine{i}.json")
+            out[front] = {"1": {k: one["runs"][0][k] for k in RELAY_KEYS}}
+            if len(parts) == engines:
+                each = [p["runs"][0] for p in parts]
+                out[front]["64"] = {
+                    "completed": sum(r["completed"] for r in each),
+                    **{k: round(statistics.median(r[k] for r in each), 2) for k in RELAY_KEYS[1:]},
+                    "ttft_p50_ms_by_engine": [r["ttft_p50_ms"] for r in each],
+                }
+            out[front]["command"] = [one["command"], *(p["command"] for p in parts)]
+        elif levels := relay_levels(folder / "results.json", raw / f"relay{engines}-{front}.json"):
+            out[front] = levels
+    directs = [out[f] for f in ("direct", "direct-again") if f in out]
+    for front in ("ours-prefix", "vllmr-rr"):
+        if front not in out or not directs:
+            continue
+        added = {}
+        for c in ("1", "64"):
+            base = [d[c]["ttft_p50_ms"] for d in directs if c in d]
+            if c in out[front] and base:
+                added[c] = round(out[front][c]["ttft_p50_ms"] - statistics.fmean(base), 2)
+        out[front]["added_ttft_p50_ms_vs_mean_direct"] = added
     return out
 
 
@@ -338,6 +419,7 @@ def sim_vs_real(calib: dict, routing_data: dict) -> dict[str, Any]:
         ("hot", "ours-prefix", "prefix"),
         ("hot", "ours-rr", "round_robin"),
         ("mooncake", "ours-prefix", "prefix"),
+        ("mooncake", "ours-rr", "round_robin"),
     )
     for kind, front, policy in compared:
         measured = routing_data.get(kind, {}).get("median_by_front", {}).get(front)
@@ -441,7 +523,9 @@ def plot_sim(data: dict, path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--res", type=Path, required=True, help="the unpacked res/ folder of the device archive")
+    p.add_argument(
+        "--res", type=Path, action="append", required=True, help="an unpacked res/ folder, once per sitting, in order"
+    )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/gpu")
     args = p.parse_args()
     raw = args.out / "raw"
@@ -449,19 +533,28 @@ def main() -> None:
     route = routing(args.res, raw)
     (args.out / "routing.json").write_text(json.dumps(route, indent=1) + "\n")
     plot_routing(route, args.out / "routing.png")
-    adm = admission(args.res, raw)
+    first = args.res[0]  # admission and calibration ran in the first sitting
+    adm = admission(first, raw)
     (args.out / "admission.json").write_text(json.dumps(adm, indent=1) + "\n")
     plot_admission(adm, args.out / "admission.png")
-    (args.out / "relay.json").write_text(json.dumps(relay(args.res, raw), indent=1) + "\n")
-    calib = calibration(args.res)
+    relays: dict[str, Any] = {"one_engine": {}}
+    for sitting, res in enumerate(args.res, 1):
+        if one := relay(res, raw, "" if sitting == 1 else f"s{sitting}-"):
+            relays["one_engine"][f"sitting {sitting}"] = one
+        if more := relay_engines(res, raw):
+            relays["engines_4"] = {"sitting": sitting, **more}
+    (args.out / "relay.json").write_text(json.dumps(relays, indent=1) + "\n")
+    calib = calibration(first)
     (args.out / "calibration.json").write_text(json.dumps(calib, indent=1) + "\n")
     vc.plot(calib, calib["fit"], args.out / "calibration.png")
     sim = sim_vs_real(calib, route)
     (args.out / "sim_vs_real.json").write_text(json.dumps(sim, indent=1) + "\n")
     plot_sim(sim, args.out / "sim_vs_real.png")
     commands = {
-        "engine": (args.res / "engines" / "engine1.cmd").read_text().strip(),
-        "plan_log": (args.res / "plan.log").read_text().splitlines() if (args.res / "plan.log").exists() else [],
+        "engine": (first / "engines" / "engine1.cmd").read_text().strip(),
+        "plan_log": [
+            (res / "plan.log").read_text().splitlines() if (res / "plan.log").exists() else [] for res in args.res
+        ],
     }
     (raw / "commands.json").write_text(json.dumps(commands, indent=1) + "\n")
     for name in ("routing", "admission", "relay", "calibration", "sim_vs_real"):

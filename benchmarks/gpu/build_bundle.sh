@@ -45,7 +45,11 @@ else
 import sys
 from transformers import LlamaTokenizerFast
 
-LlamaTokenizerFast(vocab_file=sys.argv[1], legacy=True).backend_tokenizer.save(f"{sys.argv[2]}/tokenizer.json")
+backend = LlamaTokenizerFast(vocab_file=sys.argv[1], legacy=True).backend_tokenizer
+# transformers 5.19 builds this without the model's vocabulary (3 tokens): give TOK_DIR then.
+if backend.get_vocab_size() != 32000:
+    sys.exit(f"tokenizer has {backend.get_vocab_size()} tokens, not 32000: set TOK_DIR to the model's tokenizer")
+backend.save(f"{sys.argv[2]}/tokenizer.json")
 EOF
 fi
 cp "$HERE"/tok/tokenizer_config.json "$HERE"/tok/chat_template.jinja "$B/tok/"

@@ -349,8 +349,9 @@ def workloads(setup: Setup) -> dict[str, Workload]:
     }
 
 
-def route(setup: Setup, workload: Workload, front: str) -> None:
-    folder = RES / f"route-{workload.name}-{front}"
+def route(setup: Setup, workload: Workload, front: str, repeat: bool = False) -> None:
+    """One routing run; ``repeat`` names the folder ``route-<workload>-repeat-<front>`` (a front's second run)."""
+    folder = RES / f"route-{workload.name}{'-repeat' if repeat else ''}-{front}"
     folder.mkdir(parents=True, exist_ok=True)
     codes = reset_caches(setup.urls)
     save_metrics(setup.urls, folder, "before")
@@ -430,23 +431,62 @@ def admission(setup: Setup, mode: str) -> None:
     log(summary_line(f"admission {mode} interactive", results))
 
 
-def relay(setup: Setup) -> None:
-    """Added TTFT of each front at concurrency 1 and 64, every front in front of one engine."""
-    urls = setup.urls[:1]
-    seconds = setup.seconds(8)
-    bench = ["--concurrency", "1,64", "--duration", f"{seconds:g}", "--ramp-up", "2", "--input-len", "128"]
-    bench += ["--output-len", "32", "--spread", "0", "--endpoint", "completions", "--token-ids"]
-    for front in ("direct", "ours-prefix", "vllmr-rr"):
-        folder = RES / f"relay-{front}"
+RELAY_FRONTS = ("direct", "ours-prefix", "vllmr-rr")
+
+
+def relay_bench(seconds: float) -> list[str]:
+    bench = ["--duration", f"{seconds:g}", "--ramp-up", "2", "--input-len", "128", "--output-len", "32"]
+    return [*bench, "--spread", "0", "--endpoint", "completions", "--token-ids"]
+
+
+def relay(setup: Setup, engines: int = 1, seconds: float = 8.0) -> None:
+    """Added TTFT of each front at concurrency 1 and 64, every front in front of the first ``engines``.
+
+    With one engine the folders are ``relay-<front>``; with more, ``relay<engines>-<front>``, and
+    direct is run first and again last (``direct-again``) so that drift shows. Direct before
+    several engines is one client per engine, each at its share of the concurrency (64 / engines):
+    the load every engine sees from a front that spreads it evenly, with no front in between."""
+    urls = setup.urls[:engines]
+    seconds = setup.seconds(seconds)
+    prefix = "relay" if engines == 1 else f"relay{engines}"
+    fronts = RELAY_FRONTS if engines == 1 else (*RELAY_FRONTS, "direct-again")
+    for front in fronts:
+        folder = RES / f"{prefix}-{front}"
         folder.mkdir(parents=True, exist_ok=True)
         reset_caches(urls)
-        proc = None if front == "direct" else start_front(setup, front, urls, folder)
-        target = urls[0] if front == "direct" else f"http://127.0.0.1:{FRONT_PORT}"
+        if front.startswith("direct") and engines > 1:
+            relay_direct_spread(setup, urls, folder, seconds)
+            continue
+        proc = None if front.startswith("direct") else start_front(setup, front, urls, folder)
+        target = urls[0] if front.startswith("direct") else f"http://127.0.0.1:{FRONT_PORT}"
+        bench = ["--url", target, "--concurrency", "1,64", *relay_bench(seconds)]
         try:
-            results = run_bench(setup, ["--url", target, *bench], folder, 4 * seconds + 120)
+            results = run_bench(setup, bench, folder, 4 * seconds + 120)
         finally:
             stop(proc)
-        log(summary_line(f"relay {front}", results))
+        log(summary_line(f"{prefix} {front}", results))
+
+
+def relay_direct_spread(setup: Setup, urls: list[str], folder: Path, seconds: float) -> None:
+    """Concurrency 1 against the first engine; concurrency 64 as one client per engine at 64 / engines."""
+    results = run_bench(setup, ["--url", urls[0], "--concurrency", "1", *relay_bench(seconds)], folder / "c1", 300)
+    log(summary_line(f"relay{len(urls)} {folder.name} c=1", results))
+    share = str(64 // len(urls))
+    jobs = [
+        (setup, ["--url", url, "--concurrency", share, *relay_bench(seconds)], folder / f"c64-engine{i + 1}", 300)
+        for i, url in enumerate(urls)
+    ]
+    threads = [threading.Thread(target=run_bench, args=job) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i in range(len(urls)):
+        try:
+            results = json.loads((folder / f"c64-engine{i + 1}" / "results.json").read_text())
+        except (OSError, ValueError):
+            results = {}
+        log(summary_line(f"relay{len(urls)} {folder.name} c=64 engine {i + 1}", results))
 
 
 # -- the plan -------------------------------------------------------------------------------------
@@ -466,6 +506,25 @@ def plan_steps(setup: Setup, name: str) -> list[tuple[str, float, Callable[[], N
     steps += [(f"admission {m}", setup.seconds(60) + 45, lambda m=m: admission(setup, m)) for m in ("pools", "shared")]
     steps.append(("relay", 3 * (2 * setup.seconds(8) + 25), lambda: relay(setup)))
     steps.append(("route hot ours-rr", w["hot"].duration_s + 25, lambda: route(setup, w["hot"], "ours-rr")))
+    if name == "repeat":
+        # The second sitting: every front's second Mooncake run (the order rotated again against the
+        # first's), gateway round robin on Mooncake, relay overhead before four engines, then more
+        # round robin runs while time lasts.
+        order = ["ours-prefix", "vllmr-ca", "ours-rr", "vllmr-ca-tuned", "vllmr-rr"]
+        moon = w["mooncake"]
+        steps = [
+            (f"route mooncake {f}", moon.duration_s + 40, lambda f=f: route(setup, moon, f, repeat=f != "ours-rr"))
+            for f in order
+        ]
+        relay_s = 4 * (2 * setup.seconds(15) + 20)
+        steps.append(("relay 4 engines", relay_s, lambda: relay(setup, engines=setup.engines, seconds=15)))
+        steps.append(
+            ("route mooncake repeat ours-rr", moon.duration_s + 40, lambda: route(setup, moon, "ours-rr", repeat=True))
+        )
+        steps.append(
+            ("route hot repeat ours-rr", w["hot"].duration_s + 25, lambda: route(setup, w["hot"], "ours-rr", True))
+        )
+        return steps
     if name == "smoke":
         keep = {"route hot ours-prefix", "route hot vllmr-ca-tuned", "route mooncake ours-prefix", "calibrate"}
         keep |= {"admission pools", "relay"}
@@ -608,7 +667,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", choices=("stage", "unpack", "launch", "wait", "plan", "run"))
     p.add_argument("--carry", type=Path, default=None, help="the carried folder of this call")
-    p.add_argument("--plan", default="full", choices=("full", "smoke"))
+    p.add_argument("--plan", default="full", choices=("full", "smoke", "repeat"))
     p.add_argument("--budget-s", type=float, default=1300.0, help="the plan's whole time, engine start included")
     p.add_argument("--for-s", type=float, default=560.0, help="wait: follow the plan this long, then pack")
     p.add_argument("--deadline-in-s", type=float, default=None, help="wait: move the plan's deadline to now + this")

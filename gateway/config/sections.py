@@ -165,6 +165,16 @@ class PoolConfig:
     """Topics engines publish under that are neither their URL nor ``host:port``: topic -> engine URL."""
     model: str | None = None
     """A model the pool serves, listed by ``GET /v1/models`` even while no engine answers."""
+    models: list[str] = field(default_factory=list)
+    """Models (and LoRA adapters) the pool serves, besides ``model`` and what its engines list in
+    ``/v1/models``: a request goes to a pool of its class that serves its ``model``."""
+    lora_adapters: dict[str, str] = field(default_factory=dict)
+    """LoRA adapters loaded on demand, name -> path as the engines read it: a request for one that its
+    chosen engine lacks loads it there first (``POST /v1/load_lora_adapter``; engines run with
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``)."""
+    max_loaded_adapters: Annotated[int, Ge(1)] = 8
+    """Adapters of ``lora_adapters`` one engine keeps loaded; one more unloads the least recently used
+    that has no request in flight there."""
     api_key: str | None = None
     """Bearer token the engines require (``vllm serve --api-key``)."""
     ca_file: str | None = None
@@ -305,6 +315,11 @@ class PrefixPolicyConfig:
     honesty_share: Annotated[float, Positive] = _AFFINITY["honesty_share"]
     """Prompt tokens, as a share of an engine's cache, over which predicted hits are compared with
     the engine's real prefix cache counters before its modelled capacity is corrected."""
+    lora_aware: bool = _AFFINITY["lora_aware"]
+    """A LoRA adapter's request goes to an engine with a free adapter slot (``max_lora``, from
+    ``vllm:lora_requests_info``) while one has room, preferring one that holds the adapter."""
+    lora_swap_tokens: Annotated[float, NotNegative] = _AFFINITY["lora_swap_tokens"]
+    """Cost, in prompt tokens, of an engine bringing the request's adapter into a GPU slot."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,6 +363,43 @@ class PrefixConfig:
     size; precise mode reads the engines' own)."""
     policy: PrefixPolicyConfig = field(default_factory=PrefixPolicyConfig)
     share: RoutingShareConfig = field(default_factory=RoutingShareConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class AliasTarget:
+    """One served name of a weighted split, and its share."""
+
+    model: str = ""
+    """The served name (a model or LoRA adapter an engine lists)."""
+    weight: Annotated[int, NotNegative] = 1
+    """Relative share of the public name's requests."""
+
+    def validated(self) -> AliasTarget:
+        if not self.model:
+            raise ConfigError("is required", ["model"])
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsConfig:
+    """Public model names: what clients may ask for besides the names the engines serve."""
+
+    aliases: dict[str, str | list[AliasTarget]] = field(default_factory=dict)
+    """Public name -> served name (``chat: llama-3.1-8b``), or a weighted split
+    (``chat: [{model: a, weight: 90}, {model: b, weight: 10}]``, smooth weighted round robin). The
+    engine receives the served name in ``model``; the client gets the public name back."""
+    engine_header: bool = True
+    """Answer with ``x-gateway-engine``: an opaque id of the engine that served the request (a hash
+    of its URL), so operators and tests see placement without reading ``/metrics``."""
+
+    def validated(self) -> ModelsConfig:
+        for public, target in self.aliases.items():
+            if isinstance(target, list):
+                if not target:
+                    raise ConfigError("a split needs at least one target", ["aliases", public])
+                if sum(t.weight for t in target) <= 0:
+                    raise ConfigError("the weights of a split must not all be 0", ["aliases", public])
+        return self
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,6 +448,7 @@ class Config:
     classes: ClassesConfig = field(default_factory=ClassesConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     prefix: PrefixConfig = field(default_factory=PrefixConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)
     batch: BatchSettings = field(default_factory=BatchSettings)
     keys: KeysConfig = field(default_factory=KeysConfig)
     limits: ClientLimits = field(default_factory=ClientLimits)

@@ -11,7 +11,8 @@ Rules:
   ``Refusal`` reason that the HTTP layer turns into a status and an error code).
 - Every ``Dispatch`` must be paired with exactly one ``finish``; that is what keeps the
   in-flight counts, and therefore routing and admission, honest.
-- Only healthy engines are candidates. A class goes to its home pool.
+- Only healthy engines that serve the request's model are candidates (``models``). A class goes
+  to its home pool when that serves the model, else to the first pool that does.
 - With admission on, an engine takes a request only while its load is under its
   adaptive concurrency limit (see ``limiter``). Otherwise the request waits in its pool's
   queue, interactive before batch, until it can start; an interactive request that
@@ -39,6 +40,7 @@ from gateway.core.classes import BATCH, CLASS_RANK, INTERACTIVE
 from gateway.core.engines import EngineMetrics, EngineState
 from gateway.core.kv_events import KVEvent
 from gateway.core.limiter import ConcurrencyLimit, LimitSettings
+from gateway.core.models import serves
 from gateway.core.queue import WaitQueue
 from gateway.core.reasons import Refusal
 from gateway.core.request import RouteRequest
@@ -57,6 +59,10 @@ class PoolSpec:
     backfill: bool = True
     accept_overflow: bool = False
     policy_options: dict[str, object] = field(default_factory=dict)
+    models: tuple[str, ...] = ()
+    """Models the pool is declared to serve, besides what its engines list."""
+    loadable: tuple[str, ...] = ()
+    """LoRA adapters any of its engines may be asked to load on demand."""
 
 
 @dataclass(slots=True)
@@ -148,15 +154,26 @@ class Pool:
         self.accept_overflow = spec.accept_overflow
         self.policy: Policy = make_policy(spec.policy, **spec.policy_options)
         self.engines: list[EngineState] = [EngineState(url, spec.name) for url in spec.engines]
+        self.models = frozenset(spec.models) | frozenset(spec.loadable)
+        self.loadable = frozenset(spec.loadable)
         self.queue = WaitQueue()
         self.ttft_model = TTFTModel()
         self.slots = SlotTimes()
 
-    def healthy(self, exclude: Iterable[str] = ()) -> list[EngineState]:
+    def healthy(self, exclude: Iterable[str] = (), model: str | None = None) -> list[EngineState]:
+        if model is not None and self.models and model not in self.models:
+            return [e for e in self.healthy(exclude) if e.models is not None and model in e.models]
         if exclude:
             excluded = set(exclude)
-            return [e for e in self.engines if e.healthy and e.id not in excluded]
-        return [e for e in self.engines if e.healthy]
+            engines = [e for e in self.engines if e.healthy and e.id not in excluded]
+        else:
+            engines = [e for e in self.engines if e.healthy]
+        if model is not None and model not in self.loadable:
+            return [e for e in engines if e.serves(model)]
+        return engines
+
+    def serves(self, model: str) -> bool:
+        return serves(self.models, [e.models for e in self.engines], model)
 
     def set_engines(self, urls: Sequence[str]) -> None:
         known = {e.id: e for e in self.engines}
@@ -315,17 +332,20 @@ class Dispatcher:
 
     # -- the request path ----------------------------------------------------
 
-    def pool_for(self, cls: str) -> Pool:
-        return self.pools[self.home[cls]]
+    def pool_for(self, cls: str, model: str | None = None) -> Pool:
+        home = self.pools[self.home[cls]]
+        if model is None or home.serves(model):
+            return home
+        return next((p for p in self.pools.values() if p.serves(model)), home)
 
     def submit(self, req: RouteRequest, now: float, exclude: Sequence[str] = ()) -> Decisions:
         answer = self._submit(req, now, exclude)
         return Decisions(answer, self._take_notices())
 
     def _submit(self, req: RouteRequest, now: float, exclude: Sequence[str] = ()) -> Answer:
-        pool = self.pool_for(req.cls)
+        pool = self.pool_for(req.cls, req.model)
         if not self.admission.enabled:
-            choice = pool.policy.choose(req, pool.healthy(exclude), now)
+            choice = pool.policy.choose(req, pool.healthy(exclude, req.model), now)
             if choice is None:
                 return self._no_engine(req, pool, exclude)
             return self._start(req, pool, choice, now, exclude)
@@ -339,22 +359,24 @@ class Dispatcher:
 
     def admit_anyway(self, req: RouteRequest, now: float) -> Dispatch | None:
         """Start ``req`` where its pool's policy would, past any limit or queue (what-if experiments)."""
-        pool = self.pool_for(req.cls)
-        choice = pool.policy.choose(req, pool.healthy(), now)
+        pool = self.pool_for(req.cls, req.model)
+        choice = pool.policy.choose(req, pool.healthy((), req.model), now)
         return None if choice is None else self._start(req, pool, choice, now, ())
 
     def _no_engine(self, req: RouteRequest, pool: Pool, exclude: Sequence[str]) -> Rejection:
         after = " after a failed attempt" if exclude else ""
         return Rejection(req, Refusal.NO_HEALTHY_ENGINE, f"no healthy engine in pool {pool.name!r}{after}", 1.0)
 
-    def _with_room(self, pool: Pool, exclude: Sequence[str], reserve: float = 0.0) -> list[EngineState]:
+    def _with_room(
+        self, pool: Pool, exclude: Sequence[str], reserve: float = 0.0, model: str | None = None
+    ) -> list[EngineState]:
         limits = self.limits
-        return [e for e in pool.healthy(exclude) if e.load < limits[e.id].limit - reserve]
+        return [e for e in pool.healthy(exclude, model) if e.load < limits[e.id].limit - reserve]
 
-    def _backfill_room(self, pool: Pool, exclude: Sequence[str]) -> list[EngineState]:
+    def _backfill_room(self, pool: Pool, exclude: Sequence[str], model: str | None = None) -> list[EngineState]:
         """Engines of ``pool`` with room to spare beyond a reserve kept for their own class (at least one slot)."""
         out = []
-        for engine in pool.healthy(exclude):
+        for engine in pool.healthy(exclude, model):
             limit = self.limits[engine.id].limit
             if engine.load < limit - max(1.0, self.admission.backfill_reserve * limit):
                 out.append(engine)
@@ -363,37 +385,38 @@ class Dispatcher:
     def _overflow_pools(self, req: RouteRequest) -> list[Pool]:
         if req.cls != INTERACTIVE:
             return []
-        home = self.home[req.cls]
-        return [p for p in self.pools.values() if p.name != home and p.accept_overflow]
+        home = self.pool_for(req.cls, req.model).name
+        return [p for p in self.pools.values() if p.name != home and p.accept_overflow and p.serves(req.model)]
 
     def _place(self, req: RouteRequest, pool: Pool, now: float, exclude: Sequence[str] = ()) -> Dispatch | None:
         """Start ``req`` on an engine with room, or return None."""
-        choice = pool.policy.choose(req, self._with_room(pool, exclude), now)
+        model = req.model
+        choice = pool.policy.choose(req, self._with_room(pool, exclude, model=model), now)
         if choice is not None:
             return self._start(req, pool, choice, now, exclude)
         if req.cls == BATCH:
             for other in self.pools.values():
                 if other is pool or not other.backfill or other.queue.depth(INTERACTIVE):
                     continue
-                choice = other.policy.choose(req, self._backfill_room(other, exclude), now)
+                choice = other.policy.choose(req, self._backfill_room(other, exclude, model), now)
                 if choice is not None:
                     return self._start(req, other, choice, now, exclude, reason="backfill")
             return None
         for other in self._overflow_pools(req):
-            choice = other.policy.choose(req, self._with_room(other, exclude), now)
+            choice = other.policy.choose(req, self._with_room(other, exclude, model=model), now)
             if choice is not None:
                 return self._start(req, other, choice, now, exclude, reason="overflow")
-        if self._preempt_backfill(pool, exclude, now):
-            choice = pool.policy.choose(req, self._with_room(pool, exclude), now)
+        if self._preempt_backfill(pool, exclude, now, model):
+            choice = pool.policy.choose(req, self._with_room(pool, exclude, model=model), now)
             if choice is not None:
                 return self._start(req, pool, choice, now, exclude, reason="preempted_backfill")
         return None
 
-    def _preempt_backfill(self, pool: Pool, exclude: Sequence[str], now: float) -> bool:
+    def _preempt_backfill(self, pool: Pool, exclude: Sequence[str], now: float, model: str | None = None) -> bool:
         """Free a slot in ``pool`` by stopping the youngest restartable batch request backfilled there."""
         victims = [
             d
-            for e in pool.healthy(exclude)
+            for e in pool.healthy(exclude, model)
             if e.load - 1 < self.limits[e.id].limit  # one stop must be enough to make room
             for d in self._backfilled.get(e.id, ())
             if not d.done and d.preemptible
@@ -403,7 +426,7 @@ class Dispatcher:
         victim = max(victims, key=lambda d: d.dispatched_at)
         self._release(victim, ok=False)
         self._notices.append(Preempted(victim))
-        home = self.pool_for(victim.request.cls)
+        home = self.pool_for(victim.request.cls, victim.request.model)
         home.queue.push(victim.request, self._start_deadline(victim.request, home), now)
         self._queued_pool[victim.request.id] = home
         return True
@@ -477,7 +500,7 @@ class Dispatcher:
         reason: str | None = None,
     ) -> Dispatch:
         engine = choice.engine
-        engine.started(req.cls)
+        engine.started(req.cls, req.adapter)
         prefill = max(0, req.prompt_tokens - choice.predicted_cached_tokens)
         engine.pending_prefill += prefill
         self._load_change(engine)
@@ -515,7 +538,7 @@ class Dispatcher:
 
     def _release(self, dispatch: Dispatch, ok: bool = True) -> None:
         dispatch.done = True
-        dispatch.engine.finished(dispatch.request.cls)
+        dispatch.engine.finished(dispatch.request.cls, dispatch.request.adapter)
         self._load_change(dispatch.engine)
         self._prefilled(dispatch, ok)
         backfilled = self._backfilled.get(dispatch.engine.id)

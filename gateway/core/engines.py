@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.core.lora import AdapterSlots, LoraInfo
+
 
 @dataclass(slots=True)
 class EngineMetrics:
@@ -32,6 +34,8 @@ class EngineMetrics:
     model: str | None = None
     itl_buckets: tuple[tuple[float, float], ...] | None = None
     """``vllm:inter_token_latency_seconds``: cumulative counts by upper bound (the last is +Inf)."""
+    lora: LoraInfo | None = None
+    """The newest ``vllm:lora_requests_info`` series (engines with ``--enable-lora``)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -57,6 +61,13 @@ class EngineState:
     peer_prefill: int = 0
     """Pending prefill that other gateway replicas reported for this engine."""
     inflight_by_class: dict[str, int] = field(default_factory=dict)
+    models: frozenset[str] | None = None
+    """Model and adapter names the engine lists in ``/v1/models``; None until it answered once."""
+    adapters: AdapterSlots = field(default_factory=AdapterSlots)
+
+    def serves(self, model: str) -> bool:
+        models = self.models
+        return models is None or model in models
 
     @property
     def load(self) -> float:
@@ -78,6 +89,8 @@ class EngineState:
             self.block_size = m.block_size
         if m.num_blocks:
             self.num_blocks = m.num_blocks
+        if m.lora is not None:
+            self.adapters.scraped(m.lora)
         self.scraped_at = now
 
     def mark_scrape_start(self) -> None:
@@ -85,11 +98,15 @@ class EngineState:
         self.inflight_at_scrape = self.inflight
         self.peer_inflight_at_scrape = self.peer_inflight
 
-    def started(self, cls: str) -> None:
+    def started(self, cls: str, adapter: str | None = None) -> None:
         self.inflight += 1
         self.routed_total += 1
         self.inflight_by_class[cls] = self.inflight_by_class.get(cls, 0) + 1
+        if adapter is not None:
+            self.adapters.started(adapter)
 
-    def finished(self, cls: str) -> None:
+    def finished(self, cls: str, adapter: str | None = None) -> None:
         self.inflight -= 1
         self.inflight_by_class[cls] -= 1
+        if adapter is not None:
+            self.adapters.finished(adapter)

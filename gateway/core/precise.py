@@ -3,7 +3,8 @@
 Rules:
 - Blocks are identified by the gateway's own chained hash of their token ids (``token_block_hashes``),
   computed the same way for a request's prompt and for an engine's ``BlockStored`` event, so
-  neither side needs the engine's hash function.
+  neither side needs the engine's hash function. A chain starts from a seed of the event's
+  ``lora_name`` (``lora_root``), so one adapter's blocks never match another's prompt.
 - An engine's block hash maps to the gateway's hash of the same block, which is how a later
   event's ``parent_block_hash`` and ``BlockRemoved`` are resolved. A stored block whose parent
   the gateway never saw (events before it subscribed, or lost) cannot be placed in a chain and
@@ -30,9 +31,17 @@ _UNLIMITED = 1 << 62
 DEFAULT_MAX_BLOCKS = 1024
 
 
-def token_block_hashes(token_ids: Sequence[int], block_size: int, max_blocks: int = DEFAULT_MAX_BLOCKS) -> list[int]:
+def lora_root(lora_name: str | None) -> int:
+    """The chain's seed: blocks of one LoRA adapter are another adapter's (or the base's) misses,
+    as vLLM keys its block hashes by adapter."""
+    return ROOT if lora_name is None else xxh3_64_intdigest(lora_name.encode(), ROOT)
+
+
+def token_block_hashes(
+    token_ids: Sequence[int], block_size: int, max_blocks: int = DEFAULT_MAX_BLOCKS, lora_name: str | None = None
+) -> list[int]:
     """Chained hashes of the full ``block_size``-token blocks of a token sequence."""
-    return hash_token_blocks(token_ids, ROOT, block_size, max_blocks)
+    return hash_token_blocks(token_ids, lora_root(lora_name), block_size, max_blocks)
 
 
 class PreciseIndex:
@@ -48,10 +57,11 @@ class PreciseIndex:
         parent: Hashable | None,
         token_ids: Sequence[int],
         block_size: int,
+        lora_name: str | None = None,
     ) -> None:
         ours = self._ours.setdefault(engine, {})
         if parent is None:
-            chain = ROOT
+            chain = lora_root(lora_name)
         elif parent in ours:
             chain = ours[parent]
         else:

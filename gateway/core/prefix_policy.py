@@ -35,6 +35,10 @@ Rules:
   (``RoutedBlocks``) for ``take_learned``, at most ``max_pending`` of them (the oldest are dropped
   and counted when nobody takes them); ``learn`` applies another replica's fact as if this replica
   had routed the request itself.
+- LoRA (``lora_aware``): a request for an adapter goes only to engines with a free adapter slot
+  for it (``gateway.core.lora``) while any candidate has one, so no engine gets more distinct
+  adapters at once than its ``max_lora`` while another has room; and an engine that must swap the
+  adapter in costs ``lora_swap_tokens`` more than one that holds it.
 """
 
 from __future__ import annotations
@@ -89,6 +93,8 @@ class PrefixAffinity:
         max_sessions: int = 100_000,
         precise: bool = False,
         honesty_share: float = 0.5,
+        lora_aware: bool = True,
+        lora_swap_tokens: float = 2048.0,
     ) -> None:
         if load_factor < 1.0:
             raise ValueError("load_factor must be at least 1")
@@ -102,6 +108,8 @@ class PrefixAffinity:
         self.rendezvous_blocks = rendezvous_blocks
         self.default_capacity_tokens = default_capacity_tokens
         self.honesty_share = honesty_share
+        self.lora_aware = lora_aware
+        self.lora_swap_tokens = lora_swap_tokens
         self.index = AffinityIndex(default_capacity_tokens)
         # Precise mode: the index holds what the engines' KV events say, nothing guessed.
         self.precise = PreciseIndex(self.index) if precise else None
@@ -131,6 +139,9 @@ class PrefixAffinity:
         if not candidates:
             return None
         eligible = self.eligible(candidates)
+        adapter = req.adapter if self.lora_aware else None
+        if adapter is not None:
+            eligible = _with_slot(adapter, eligible, candidates)
         prefix = req.prefix
         if req.session is not None:
             pinned = self.sessions.get(req.session)
@@ -149,23 +160,33 @@ class PrefixAffinity:
             + self.kv_cost_tokens * max(0.0, e.kv_usage - 0.8) * 5
             for e, c in zip(eligible, cached, strict=True)
         ]
+        resident = [True] * len(eligible)
+        if adapter is not None:
+            for i, engine in enumerate(eligible):
+                if not engine.adapters.resident(adapter):
+                    resident[i] = False
+                    costs[i] += self.lora_swap_tokens
+                if not engine.serves(adapter):
+                    costs[i] += self.lora_swap_tokens  # to be loaded on demand first
         cheapest = min(costs)
         slack = max(self.tolerance_tokens, self.tolerance * req.prompt_tokens)
         floor = min(cached)
         distinct = min(len(prefix), min(depths) + self.rendezvous_blocks) if prefix else 0
         key = prefix[distinct - 1] if distinct else 0
-        best: tuple[int, int] | None = None
+        best: tuple[int, bool, int] | None = None
         chosen = near = 0
         for i, engine in enumerate(eligible):
             if costs[i] > cheapest + slack:
                 continue
             near += 1
-            rank = (cached[i], rendezvous_weight(key, engine.id))
+            rank = (cached[i], resident[i], rendezvous_weight(key, engine.id))
             if best is None or rank > best:
                 best, chosen = rank, i
         self.max_bound_ratio = max(self.max_bound_ratio, (eligible[chosen].load + 1) / self._bound)
         if cached[chosen] > floor:
             reason = "affinity"
+        elif adapter is not None and resident[chosen] and not all(resident):
+            reason = "adapter"
         elif near > 1:
             reason = "rendezvous"
         else:
@@ -265,7 +286,12 @@ class PrefixAffinity:
             match event:
                 case BlockStored():
                     precise.stored(
-                        engine_id, event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
+                        engine_id,
+                        event.block_hashes,
+                        event.parent_block_hash,
+                        event.token_ids,
+                        event.block_size,
+                        event.lora_name,
                     )
                 case BlockRemoved():
                     precise.removed(engine_id, event.block_hashes)
@@ -313,3 +339,13 @@ class PrefixAffinity:
         self._modelled.pop(engine_id, None)
         for session in [s for s, e in self.sessions.items() if e == engine_id]:
             del self.sessions[session]
+
+
+def _with_slot(adapter: str, eligible: list[EngineState], candidates: Sequence[EngineState]) -> list[EngineState]:
+    """The engines that can take ``adapter`` without exceeding their slots: eligible ones first,
+    then any candidate (a slot rule outranks the load bound); all eligible when none has room."""
+    room = [e for e in eligible if e.adapters.has_room(adapter)]
+    if room:
+        return room
+    room = [e for e in candidates if e.adapters.has_room(adapter)]
+    return room or eligible

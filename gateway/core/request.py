@@ -22,3 +22,7 @@ class RouteRequest:
     restartable: bool = False
     """Nothing of the answer reaches the client before it is complete (not streamed), so the
     request may be stopped and started again elsewhere."""
+    adapter: str | None = None
+    """The LoRA adapter ``model`` names, when it names one (its slots are what LoRA routing weighs)."""
+    alias: str | None = None
+    """The public name the client gave, when it is an alias of ``model`` (answers carry it back)."""

@@ -88,20 +88,14 @@ def create_api(gateway: Gateway) -> FastAPI:
     @api.get("/v1/models")
     async def models(request: Request) -> Response:
         await caller(gateway, request)
-        data = gateway.monitor.models()
-        listed = {m["id"] for m in data}
-        for model in sorted(gateway.model_ids() - listed):
-            data.append({"id": model, "object": "model", "owned_by": "gateway"})
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": gateway.catalog.listing()})
 
     @api.get("/v1/models/{model:path}")
     async def model(model: str, request: Request) -> Response:
         await caller(gateway, request)
-        for entry in gateway.monitor.models():
-            if entry["id"] == model:
-                return JSONResponse(entry)
-        if model in gateway.model_ids():
-            return JSONResponse({"id": model, "object": "model", "owned_by": "gateway"})
+        entry = gateway.catalog.entry(model)
+        if entry is not None:
+            return JSONResponse(entry)
         raise ApiError(404, f"The model '{model}' does not exist", "model_not_found", "model")
 
     @api.exception_handler(StoreUnavailable)
@@ -129,6 +123,8 @@ def build_proxy(gateway: Gateway) -> Proxy:
         deadlines=gateway.config.upstream,
         access_log=gateway.config.access_log,
         tracing=gateway.tracing,
+        adapters=gateway.adapters,
+        engine_header=gateway.config.models.engine_header,
     )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,13 +30,15 @@ from starlette.types import Receive, Scope, Send
 from gateway import accesslog, log
 from gateway.core.classes import ClassificationError, classify
 from gateway.core.dispatcher import Answer, Dispatch, Queued, Rejection
+from gateway.core.models import engine_tag
 from gateway.core.request import RouteRequest
 from gateway.errors import ApiError, error_body
 from gateway.http.answers import engine_error, is_event_stream, is_json, json_object, not_json
 from gateway.http.body import check_responses, parse_body, with_priority
 from gateway.http.exchange import USAGE_TAIL, Exchange
+from gateway.http.model_names import ModelNames, with_model
 from gateway.http.refusals import refused
-from gateway.http.seams import Admission, EngineClients, Placement, RateLimits, RelayMetrics
+from gateway.http.seams import AdapterLoading, Admission, EngineClients, Placement, RateLimits, RelayMetrics
 from gateway.ratelimit import Meter
 from gateway.upstream.h1 import ConnectError, OutOfDescriptors, ReadTimeout, Response, UpstreamError
 
@@ -165,6 +167,8 @@ class Proxy:
         deadlines: UpstreamConfig,
         access_log: bool = False,
         tracing: Tracing | None = None,
+        adapters: AdapterLoading | None = None,
+        engine_header: bool = True,
     ) -> None:
         self.admission = admission
         self.placement = placement
@@ -177,6 +181,8 @@ class Proxy:
         self.deadlines = deadlines
         self.access_log = access_log
         self.tracing = tracing
+        self.adapters = adapters
+        self.engine_header = engine_header
         self._queued_bytes: dict[str, int] = {}
         self._requests: dict[tuple[str, str, int], Any] = {}
         self._ttft: dict[tuple[str, str], Any] = {}
@@ -269,6 +275,10 @@ class Proxy:
             record.model = req.model
             record.prompt_estimate = req.prompt_tokens or None
             own_priority = "priority" in parsed
+            names = None
+            if req.alias is not None:
+                body = with_model(parsed, req.model)
+                names = ModelNames(req.alias, req.model)
             # Only the raw bytes wait in the queue; what routing needed is in ``req``.
             del parsed
             if principal is not None and self.rate_limits is not None:
@@ -283,6 +293,7 @@ class Proxy:
             if span is not None:
                 engine_headers += tuple(span.engine_headers())
             upstream = _Upstream(endpoint, body, stream, own_priority, request_id, started, record, engine_headers)
+            upstream.names, upstream.engine_header = names, self.engine_header
             while await self._relay(send, upstream, dispatch, call):
                 # Preempted to make room for interactive work: queued again, start over when our turn comes.
                 dispatch = self._admitted(req, await self._wait(req, len(body), refuse=False), record)
@@ -404,6 +415,8 @@ class Proxy:
         while True:
             engine_id = record.engine = dispatch.engine.id
             record.attempts += 1
+            if self.adapters is not None and self.adapters.wanted(dispatch):
+                await self.adapters.ensure(dispatch)
             body = upstream.body_for(dispatch)
             try:
                 response = await self.engines.client(engine_id).request(b"POST", path, headers, body, first_byte)
@@ -467,6 +480,8 @@ class Proxy:
                     status = failure.status
                     self._engine_failed(dispatch, upstream, f"engine answered {response.status}", "answer")
                 else:
+                    if upstream.names is not None:
+                        payload = upstream.names.restore(payload)
                     head = upstream.head(dispatch, content_type, payload)
                     await send({"type": "http.response.start", "status": 200, "headers": head})
                     await send({"type": "http.response.body", "body": payload})
@@ -546,7 +561,9 @@ class Proxy:
         ttft_metric, itl_metric = self._timers(dispatch.request.cls, dispatch.pool)
         admission = self.admission
         clock = time.monotonic
-        chunk = await response.next_chunk()
+        names = upstream.names
+        next_chunk = response.next_chunk if names is None else _restoring(response, names)
+        chunk = await next_chunk()
         # Bytes sent and the last two chunks (where the usage is), in locals while the stream runs.
         sent = 0
         older = previous = b""
@@ -558,7 +575,7 @@ class Proxy:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     sent += len(chunk)
                     older, previous = previous, chunk
-                    chunk = await response.next_chunk()
+                    chunk = await next_chunk()
             last = clock()
             if chunk is not None:
                 ttft = record.ttft_s = last - upstream.started
@@ -568,14 +585,20 @@ class Proxy:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 sent += len(chunk)
                 older, previous = previous, chunk
-                chunk = await response.next_chunk()
+                chunk = await next_chunk()
                 if chunk is None:
                     break
+                events = _token_events(chunk)
+                if events <= 0:
+                    continue  # part of an event, or only the stream's end: its gap ends with the next event
                 now = clock()
-                gap = now - last
+                # Events the network delivered together were produced a step apart each (vLLM counts
+                # one gap per step): one gap per read would read as a slower engine than it is.
+                gap = (now - last) / events
                 last = now
-                itl_metric.observe(gap)
-                admission.observe_itl(dispatch, gap, now)
+                for _ in range(events):
+                    itl_metric.observe(gap)
+                    admission.observe_itl(dispatch, gap, now)
         finally:
             record.bytes_out += sent
             record.tail = older[-USAGE_TAIL:] + previous
@@ -606,6 +629,25 @@ class Proxy:
             log.debug("error_after_response_started", status=exc.status)
 
 
+def _token_events(chunk: bytes) -> int:
+    """How many events of a streamed read carry tokens: every complete event but ``[DONE]`` and the
+    usage event (``"choices":[]``). JSON escapes newlines, so a blank line only ends an event."""
+    ends = chunk.count(b"\n\n") or chunk.count(b"\r\n\r\n")
+    if not ends:
+        return 0
+    return ends - chunk.count(b"data: [DONE]") - chunk.count(b'"choices":[]')
+
+
+def _restoring(response: Response, names: ModelNames) -> Callable[[], Awaitable[bytes | None]]:
+    """``response.next_chunk`` with the public model name put back in every chunk."""
+
+    async def next_chunk() -> bytes | None:
+        chunk = await response.next_chunk()
+        return None if chunk is None else names.restore(chunk)
+
+    return next_chunk
+
+
 def _uncancel() -> None:
     current = asyncio.current_task()
     if current is not None:
@@ -625,6 +667,9 @@ class _Upstream:
     record: Exchange
     headers: tuple[tuple[bytes, bytes], ...]
     """What every attempt sends the engine: content type, ``x-request-id``, the trace context."""
+    names: ModelNames | None = None
+    """An aliased request's served and public model names (None: no alias, nothing rewritten)."""
+    engine_header: bool = True
 
     def body_for(self, dispatch: Dispatch) -> bytes:
         if dispatch.priority is None:
@@ -638,6 +683,8 @@ class _Upstream:
             (b"x-gateway-pool", dispatch.pool.encode()),
             (b"x-request-id", self.request_id.encode()),
         ]
+        if self.engine_header:
+            headers.append((b"x-gateway-engine", engine_tag(dispatch.engine.id).encode()))
         if payload is not None:
             # Our own length, never the engine's: what we send is exactly ``payload``.
             headers.append((b"content-length", str(len(payload)).encode()))

@@ -83,6 +83,14 @@ class EngineClients(Protocol):
     def connect_failed(self, engine_id: str, reason: str) -> None: ...
 
 
+class AdapterLoading(Protocol):
+    """LoRA adapters loaded on demand on the engine a request was sent to (``gateway.adapters``)."""
+
+    def wanted(self, dispatch: Dispatch) -> bool: ...
+
+    def ensure(self, dispatch: Dispatch) -> Awaitable[None]: ...
+
+
 class RateLimits(Protocol):
     """Requests and tokens per minute of an API key."""
 

@@ -18,6 +18,9 @@ Rules:
   server's part, from the profile); its TTFT counts from its arrival at the gateway.
 - ``engines_per_device`` engines in a row share one GPU (``SharedDevice``): their steps take turns
   on it for their device parts, as engines sharing a real GPU do.
+- LoRA (a pool's ``lora_adapters``): its engines run with ``enable_lora`` and those adapters in
+  their CPU cache; a trace request's ``adapter`` is its model, and it is scraped back as vLLM's
+  ``vllm:lora_requests_info`` (the newest series).
 - ``replicas`` gateway replicas each get every Nth arrival, as a Service spreads connections;
   each scrapes every engine and sees only its own requests in flight.
 - With ``share`` on (the server's default on a Redis store), replicas tell each other what they
@@ -44,6 +47,7 @@ from typing import Any
 
 from engines.sim.core import EngineCore, EngineRequest, SharedDevice, StepResult
 from engines.sim.kv_cache import lru_hit_ratio
+from engines.sim.lora import LoraAdapter
 from engines.sim.profile import Profile
 from engines.sim.tokens import block_hashes_for_trace, synthetic_token_ids
 from gateway.core.classes import BATCH, CLASSES, INTERACTIVE, Budget
@@ -58,6 +62,8 @@ from gateway.core.dispatcher import (
     Rejection,
 )
 from gateway.core.engines import EngineMetrics
+from gateway.core.lora import LoraInfo
+from gateway.core.models import cache_key
 from gateway.core.precise import DEFAULT_MAX_BLOCKS as PRECISE_MAX_BLOCKS
 from gateway.core.precise import token_block_hashes
 from gateway.core.prefix import chain_seed, hash_blocks
@@ -77,6 +83,9 @@ class PoolSetup:
     scheduling_policy: str = "fcfs"
     backfill: bool = True
     accept_overflow: bool = False
+    lora_adapters: tuple[str, ...] = ()
+    """Adapters every engine of the pool serves (LoRA on when any)."""
+    max_loras: int = 1
 
 
 @dataclass(slots=True)
@@ -158,6 +167,7 @@ class Cluster:
         self.precise = setup.policy == "prefix" and bool(setup.policy_options.get("precise"))
         specs = []
         self.engines: dict[str, SimEngine] = {}
+        self.adapters: dict[str, LoraAdapter] = {}
         devices: list[SharedDevice] = []
         for pool in setup.pools:
             ids = [f"{pool.name}-{i}" for i in range(pool.engines)]
@@ -185,7 +195,14 @@ class Cluster:
                     seed=setup.seed * 1000 + i,
                     kv_events=self.precise,
                     device=device,
+                    enable_lora=bool(pool.lora_adapters),
+                    max_loras=pool.max_loras,
+                    max_cpu_loras=max(pool.max_loras, len(pool.lora_adapters)),
                 )
+                for n, name in enumerate(pool.lora_adapters):
+                    adapter = self.adapters.setdefault(name, LoraAdapter(name, n + 1, f"/adapters/{name}"))
+                    assert core.lora_slots is not None
+                    core.lora_slots.preload(adapter, False)
                 self.engines[engine_id] = SimEngine(engine_id, pool.name, core)
         self.dispatchers = [
             Dispatcher(
@@ -355,16 +372,18 @@ class Cluster:
 
     def _record(self, rid: str, tr: TraceRequest, flood: bool) -> Record:
         budget = self.setup.budgets.get(tr.cls, Budget())
+        seed = self._seed if tr.adapter is None else chain_seed(cache_key(MODEL, tr.adapter))
         req = RouteRequest(
             rid,
             tr.cls,
-            MODEL,
+            tr.adapter or MODEL,
             self.now,
             prompt_tokens=tr.input_len,
             max_tokens=tr.output_len,
-            prefix=[] if self.precise else hash_blocks(tr.text(), self._seed),
+            prefix=[] if self.precise else hash_blocks(tr.text(), seed),
             budget=budget,
             restartable=tr.cls == BATCH,
+            adapter=tr.adapter,
         )
         if self.precise:
             req.block_tokens = self._block_size(tr.cls)
@@ -424,6 +443,7 @@ class Cluster:
             priority=dispatch.priority or 0,
             arrival=self.now,
             ignore_eos=True,
+            lora=self.adapters[tr.adapter] if tr.adapter is not None else None,
         )
         delay = engine.core.profile.timing.request_s(prompt)
         if delay > 0:
@@ -548,12 +568,23 @@ class Cluster:
                 block_size=core.block_size,
                 num_blocks=core.profile.num_blocks,
                 itl_buckets=tuple(zip((*core.stats.itl.bounds, math.inf), core.stats.itl.cumulative(), strict=True)),
+                lora=_lora_info(core),
             )
             for dispatcher in self.dispatchers:
                 state = dispatcher.engine(engine.id)
                 if state is not None:
                     state.mark_scrape_start()
                     dispatcher.apply_scrape(engine.id, metrics, self.now)
+
+
+def _lora_info(core: EngineCore) -> LoraInfo | None:
+    """The newest ``vllm:lora_requests_info`` series, as the monitor's scrape reads it."""
+    if core.lora_slots is None:
+        return None
+    if not core.lora_info:
+        return LoraInfo((), (), core.max_loras)
+    running, waiting = max(core.lora_info, key=core.lora_info.__getitem__)
+    return LoraInfo(tuple(filter(None, running.split(","))), tuple(filter(None, waiting.split(","))), core.max_loras)
 
 
 def capacity_blocks(setup: ClusterSetup, pool: str) -> tuple[int, int]:

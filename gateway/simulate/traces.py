@@ -38,6 +38,8 @@ class TraceRequest:
     source: str = ""
     block_tokens: int = TRACE_BLOCK_TOKENS
     """Tokens each of ``hash_ids`` stands for (512 as published; fewer after ``scale_blocks``)."""
+    adapter: str | None = None
+    """The LoRA adapter the request names as its model (None: the base model)."""
 
     def text(self) -> str:
         """Prompt text as the gateway would see it (only the part it hashes)."""

@@ -6,7 +6,8 @@ Rules:
   process could not even open a socket for (out of descriptors) counts for nothing.
 - Scrapes run at their own, slower interval (vLLM's ``/metrics`` is not free to render).
 - The models an engine serves are read from its ``/v1/models`` until it answers once,
-  then refreshed every ``models_every`` probes.
+  then refreshed every ``models_every`` probes; the core's engine state gets their names, and
+  ``models_version`` moves whenever any engine's list changed.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class EngineMonitor:
         self.scrape_interval_s = scrape_interval_s
         self.models_every = models_every
         self.watches: dict[str, EngineWatch] = {}
+        self.models_version = 0
         self._discovery: list[asyncio.Task[None]] = []
         self.on_watch: list[Callable[[str, str], None]] = []
         self.on_unwatch: list[Callable[[str, str], Coroutine[Any, Any, None]]] = []
@@ -158,19 +160,25 @@ class EngineMonitor:
             w.failures = 0
             self._set_health(engine_id, w, True, "health probe passed")
             if not w.models or w.probes % self.models_every == 0:
-                await self._read_models(w)
+                await self._read_models(engine_id, w)
             w.probes += 1
         else:
             w.failures += 1
             if w.failures >= self.unhealthy_after:
                 self._set_health(engine_id, w, False, reason)
 
-    async def _read_models(self, w: EngineWatch) -> None:
+    async def _read_models(self, engine_id: str, w: EngineWatch) -> None:
         try:
             status, body = await w.client.get(b"/v1/models", timeout_s=self.health_timeout_s * 5)
             if status == 200:
                 data = orjson.loads(body).get("data") or []
-                w.models = [m for m in data if isinstance(m, dict) and "id" in m]
+                models = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+                if models != w.models:
+                    w.models = models
+                    self.models_version += 1
+                engine = self.dispatcher.engine(engine_id)
+                if engine is not None:
+                    engine.models = frozenset(m["id"] for m in models)
         except (UpstreamError, orjson.JSONDecodeError, AttributeError) as exc:
             log.debug("models_read_failed", engine=w.client.base_url, reason=str(exc))
 

@@ -4,7 +4,8 @@ Only lines that start with a wanted name are looked at, so a 50 KB exposition co
 single pass of ``startswith`` checks. Samples of one name are summed across label sets
 (an engine with several ``engine=`` shards is one engine to the gateway); so are the buckets
 of the engine's own ITL histogram, by their upper bound, which admission checks the relay's
-gaps against.
+gaps against. Of ``vllm:lora_requests_info`` (one series per label set ever seen, its value the
+time it was last current) only the newest series counts: it is the engine's adapters now.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import re
 
 from gateway.core.engines import EngineMetrics
+from gateway.core.lora import LoraInfo
 
 _WANTED = {
     "vllm:num_requests_running": "running",
@@ -21,7 +23,8 @@ _WANTED = {
     "vllm:prefix_cache_hits_total": "prefix_hits",
 }
 _ITL_BUCKET = "vllm:inter_token_latency_seconds_bucket"
-_PREFIXES = (*_WANTED, "vllm:cache_config_info", _ITL_BUCKET)
+_LORA_INFO = "vllm:lora_requests_info"
+_PREFIXES = (*_WANTED, "vllm:cache_config_info", _ITL_BUCKET, _LORA_INFO)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _LABEL_LE = re.compile(r'le="([^"]*)"')
 _LABEL_MODEL = re.compile(r'model_name="((?:[^"\\]|\\.)*)"')
@@ -31,6 +34,7 @@ def parse_vllm_metrics(text: str) -> EngineMetrics:
     values: dict[str, float] = {}
     itl: dict[float, float] = {}
     metrics = EngineMetrics()
+    lora_at = -1.0
     for line in text.splitlines():
         if not line.startswith(_PREFIXES):
             continue
@@ -46,6 +50,12 @@ def parse_vllm_metrics(text: str) -> EngineMetrics:
             continue
         if name == _ITL_BUCKET:
             _add_bucket(itl, line, name_end, space)
+            continue
+        if name == _LORA_INFO:
+            at = _float(line[space + 1 :])
+            if at is not None and at > lora_at:
+                lora_at = at
+                metrics.lora = _lora_info(dict(_LABEL.findall(line[name_end:space])))
             continue
         if metrics.model is None and name_end >= 0:
             model = _LABEL_MODEL.search(line, name_end, space)
@@ -73,6 +83,20 @@ def _add_bucket(buckets: dict[float, float], line: str, name_end: int, space: in
             buckets[bound] = buckets.get(bound, 0.0) + float(line[space + 1 :])
     except ValueError:
         return
+
+
+def _lora_info(labels: dict[str, str]) -> LoraInfo:
+    def names(key: str) -> tuple[str, ...]:
+        return tuple(name for name in labels.get(key, "").split(",") if name)
+
+    return LoraInfo(names("running_lora_adapters"), names("waiting_lora_adapters"), _int(labels.get("max_lora")))
+
+
+def _float(value: str) -> float | None:
+    try:
+        return float(value)
+    except ValueError:
+        return None
 
 
 def _int(value: str | None) -> int | None:

@@ -13,6 +13,8 @@ and ``/metrics`` as vLLM does; an inference request picks its misbehaviour by th
 - ``drip``: an event stream that sends one byte every 0.3 s, forever.
 - ``dripjson``: a JSON answer that sends one byte every 0.3 s, forever.
 - ``silent``: reads the request and never answers.
+- ``coalesced``: an event stream of nine token events in three writes 0.2 s apart (one, then four,
+  then four and ``[DONE]``), as an engine's events arrive when the network coalesces them.
 """
 
 from __future__ import annotations
@@ -64,6 +66,19 @@ async def drip(writer: asyncio.StreamWriter) -> None:
         await writer.drain()
 
 
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n" % len(data) + data + b"\r\n"
+
+
+async def coalesced(writer: asyncio.StreamWriter) -> None:
+    writer.write(head(200, "OK", b"text/event-stream", None) + chunk(EVENT))
+    for tail in (b"", b"data: [DONE]\n\n"):
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.write(chunk(EVENT * 4 + tail))
+    writer.write(b"0\r\n\r\n")
+
+
 async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while (request := await read_request(reader)) is not None:
@@ -98,6 +113,8 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             elif mode == "dripjson":
                 writer.write(head(200, "OK", b"application/json", None))
                 await drip(writer)
+            elif mode == "coalesced":
+                await coalesced(writer)
             elif mode == "silent":
                 await asyncio.sleep(3600)
             else:

@@ -209,3 +209,30 @@ def test_pools_are_needed_unless_a_command_needs_none():
 def test_a_pool_that_is_not_a_section_is_refused():
     with pytest.raises(ConfigError, match=r"^pools\.p: expected a section, got null$"):
         parse_config({"pools": {"p": None}})
+
+
+def test_aliases_take_a_name_or_a_weighted_split():
+    config = parse_config(
+        {
+            "pools": {"p": {"engines": ["http://e:1"], "models": ["a", "b"]}},
+            "models": {"aliases": {"one": "a", "canary": [{"model": "a", "weight": 90}, {"model": "b", "weight": 10}]}},
+        }
+    )
+    assert config.models.aliases["one"] == "a"
+    assert [(t.model, t.weight) for t in config.models.aliases["canary"]] == [("a", 90), ("b", 10)]
+    assert config.pools["p"].models == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("aliases", "where"),
+    [
+        ({"c": [{"model": "a", "weight": 0}]}, "models.aliases.c"),
+        ({"c": [{"weight": 3}]}, "models.aliases.c"),
+        ({"c": [{"model": "a", "weight": -1}]}, "models.aliases.c"),
+        ({"c": 5}, "models.aliases.c"),
+    ],
+)
+def test_impossible_aliases_are_refused_naming_the_key(aliases, where):
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"pools": {"p": {"engines": ["http://e:1"]}}, "models": {"aliases": aliases}})
+    assert where in str(caught.value)

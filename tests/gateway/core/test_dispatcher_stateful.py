@@ -3,7 +3,7 @@ one a caller can carry out, and its books (engines' in-flight counts, queues) ma
 
 The caller here is a model of the scheduler: it applies each ``Decisions`` whole, answer first, and
 knows each request as queued, running or closed. Whatever the order of submissions, finishes,
-failed connections, cancellations, health changes and polls:
+failed connections, cancellations, health changes, discovery and polls:
 - a request is dispatched only while queued (or as the answer to its own submission), refused only
   once and never while running, preempted only while running; nothing decided is lost;
 - every engine's in-flight count is the number of dispatches running on it, per class too;
@@ -147,6 +147,13 @@ class Caller(RuleBasedStateMachine):
         self.core.set_health(engine, healthy, self.now)
 
     @precondition(lambda self: self.dispatcher is not None)
+    @rule(engines=st.lists(st.sampled_from(["i0", "i1", "i2"]), min_size=1, max_size=3, unique=True))
+    def discovery(self, engines: list[str]) -> None:
+        # DNS discovery changes the interactive pool; requests running on a removed engine finish there.
+        self.core.set_pool_engines("interactive", engines, self.now)
+        self.apply(self.core.poll(self.now), None)
+
+    @precondition(lambda self: self.dispatcher is not None)
     @rule(seconds=st.floats(0.0, 3.0))
     def time_passes(self, seconds: float) -> None:
         self.now += seconds
@@ -158,7 +165,9 @@ class Caller(RuleBasedStateMachine):
     def engines_count_what_runs_on_them(self) -> None:
         if self.dispatcher is None:
             return
-        for engine in self.core.engines():
+        engines = {d.engine.id: d.engine for d in self.running.values()}
+        engines.update((e.id, e) for e in self.core.engines())
+        for engine in engines.values():
             mine = [d for d in self.running.values() if d.engine is engine]
             assert engine.inflight == len(mine), engine.id
             for cls in (INTERACTIVE, BATCH):

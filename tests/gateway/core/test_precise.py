@@ -59,3 +59,13 @@ def test_precise_pool_routes_by_events_not_by_its_own_history():
     d.finish(third, 0.6)
     d.apply_kv_events(other, [AllBlocksCleared()], 0.7)
     assert d.submit(request(3, TOKENS), 0.8).answer.predicted_cached_tokens == 0
+
+
+def test_an_adapters_blocks_match_only_that_adapters_prompts():
+    index = PreciseIndex()
+    tokens = list(range(64))
+    index.stored("e1", ["h1", "h2", "h3", "h4"], None, tokens, 16, "sql")
+    for_sql = token_block_hashes(tokens, 16, lora_name="sql")
+    assert index.index.match(for_sql, ["e1"]) == [4]
+    assert index.index.match(token_block_hashes(tokens, 16), ["e1"]) == [0]
+    assert index.index.match(token_block_hashes(tokens, 16, lora_name="chat"), ["e1"]) == [0]

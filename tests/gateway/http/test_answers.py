@@ -130,3 +130,26 @@ def test_a_slow_or_silent_engine_is_504_within_its_deadline(client, mode, stream
         chat(client, mode, stream=stream)
     assert_openai_error(caught.value.response, 504)
     assert time.monotonic() - started < within
+
+
+def _itl(gateway) -> tuple[float, float]:
+    """The interactive class's ``gateway_itl_seconds`` (count, sum) from the gateway's /metrics."""
+    count = total = 0.0
+    for line in httpx.get(gateway.url + "/metrics").text.splitlines():
+        if line.startswith("gateway_itl_seconds_count{") and 'class="interactive"' in line:
+            count += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("gateway_itl_seconds_sum{") and 'class="interactive"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return count, total
+
+
+def test_events_that_arrive_together_are_each_an_inter_token_gap(gateway, client):
+    """Nine token events in three reads 0.2 s apart: the eight after the first are eight gaps that
+    add up to the 0.4 s they took (as vLLM counts one per step), not two gaps of 0.2 s, which would
+    read as an ITL twice what the engine ran at and make admission refuse what the engine serves."""
+    before = _itl(gateway)
+    events = [e for e in chat(client, "coalesced", stream=True) if e.choices]
+    assert len(events) == 9
+    count, total = (a - b for a, b in zip(_itl(gateway), before, strict=True))
+    assert count == 8
+    assert total == pytest.approx(0.4, abs=0.15)

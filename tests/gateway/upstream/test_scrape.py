@@ -52,3 +52,19 @@ def test_reads_the_engines_own_itl_histogram_summed_over_label_sets():
     )
     assert parse_vllm_metrics(text).itl_buckets == ((0.05, 7.0), (math.inf, 11.0))
     assert parse_vllm_metrics("vllm:num_requests_running 1").itl_buckets is None
+
+
+def test_only_the_newest_lora_requests_info_series_counts():
+    text = (
+        "# TYPE vllm:lora_requests_info gauge\n"
+        'vllm:lora_requests_info{max_lora="4",running_lora_adapters="a,b",waiting_lora_adapters=""} 1.7e9\n'
+        'vllm:lora_requests_info{max_lora="4",running_lora_adapters="c",waiting_lora_adapters="d,e"} 1.8e9\n'
+        'vllm:lora_requests_info{max_lora="4",running_lora_adapters="",waiting_lora_adapters=""} 1.75e9\n'
+    )
+    info = parse_vllm_metrics(text).lora
+    assert info is not None
+    assert (info.running, info.waiting, info.max_lora) == (("c",), ("d", "e"), 4)
+
+
+def test_no_lora_series_means_no_lora_info():
+    assert parse_vllm_metrics("vllm:num_requests_running 1\n").lora is None
