@@ -94,13 +94,13 @@ def user(c: int, turn: int) -> dict[str, str]:
     return {"role": "user", "content": f"Conversation {c}, question {turn}: " + f"tell me about topic {c}.{turn} " * 12}
 
 
-def other_traffic(gateway: Proc) -> str:
+def other_traffic(gateway: Proc, preamble: str = PREAMBLE) -> str:
     """A prompt that shares the preamble with every conversation, and nothing more."""
-    return ask(gateway, [{"role": "system", "content": PREAMBLE + "Other work " * 40}, user(999, 0)])
+    return ask(gateway, [{"role": "system", "content": preamble + "Other work " * 40}, user(999, 0)])
 
 
-def conversation(c: int) -> list[dict[str, str]]:
-    return [{"role": "system", "content": PREAMBLE + f"You help with conversation {c}. " * 12}]
+def conversation(c: int, preamble: str = PREAMBLE) -> list[dict[str, str]]:
+    return [{"role": "system", "content": preamble + f"You help with conversation {c}. " * 12}]
 
 
 def test_turns_alternating_between_replicas_stay_on_one_engine(procs, tmp_path_factory, engines, redis_server):
@@ -123,13 +123,14 @@ def test_turns_alternating_between_replicas_stay_on_one_engine(procs, tmp_path_f
 def test_without_sharing_the_other_replica_pulls_the_next_turn_away(procs, tmp_path_factory, engines, redis_server):
     """The defect sharing removes: replica b knows only that an engine holds the shared preamble."""
     a, b = replicas(procs, tmp_path_factory.mktemp("alone"), engines, redis_server.url, share=False)
-    elsewhere = other_traffic(b)
-    for c in range(100, 140):
-        messages = [*conversation(c), user(c, 0)]
-        first = ask(a, messages)
-        if first == elsewhere:
+    for attempt in range(12):
+        # A preamble of its own per attempt: what a routed in an earlier attempt pulls nothing here.
+        preamble = f"<|system|> Be brief ({attempt}). " * 8
+        elsewhere = other_traffic(b, preamble)
+        messages = [*conversation(100 + attempt, preamble), user(100 + attempt, 0)]
+        if ask(a, messages) == elsewhere:
             continue  # this conversation's own engine is the other traffic's: nothing to pull
-        messages += [{"role": "assistant", "content": "answer 0 " * 10}, user(c, 1)]
+        messages += [{"role": "assistant", "content": "answer 0 " * 10}, user(100 + attempt, 1)]
         assert ask(b, messages) == elsewhere
         return
     pytest.fail("every conversation went where the other traffic went")
