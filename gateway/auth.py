@@ -19,6 +19,10 @@ class Principal:
     allowed: frozenset[str] | None = None
     rpm: int | None = None
     tpm: int | None = None
+    tenant: str = ""
+    """Who is charged in fair queueing: the key's tenant, else its id; the anonymous caller is ``""``."""
+    weight: float = 1.0
+    max_concurrency: int | None = None
 
 
 ANONYMOUS = Principal(None, "anonymous")

@@ -17,7 +17,7 @@ from gateway.adapters import AdapterLoader
 from gateway.auth import Authenticator
 from gateway.batch import BatchService
 from gateway.config import Config, PoolConfig
-from gateway.core.classes import CLASSES, Budget
+from gateway.core.classes import Budget
 from gateway.core.dispatcher import AdmissionSettings, Dispatcher, PoolSpec
 from gateway.core.limiter import LimitSettings
 from gateway.keys import KeyAuthenticator
@@ -28,6 +28,7 @@ from gateway.ratelimit import RateLimiter
 from gateway.routing_share import RoutingShare
 from gateway.scheduler import Scheduler
 from gateway.store import open_store
+from gateway.tenant_metrics import TenantMetrics
 from gateway.tokenizers import load_tokenizer
 from gateway.upstream.h1 import EngineClient
 from gateway.upstream.kv_feed import KVFeed
@@ -57,6 +58,8 @@ def admission_settings(config: Config) -> AdmissionSettings:
         limits=limits,
         max_queue=a.max_queue,
         backfill_reserve=a.backfill_reserve,
+        fair=config.tenants.fair,
+        decode_tokens=config.tenants.decode_tokens,
     )
 
 
@@ -85,6 +88,7 @@ def build_dispatcher(config: Config) -> Dispatcher:
         home=config.home_pools(),
         budgets={cls: spec.budget.itl_s for cls, spec in config.classes.by_name().items()},
         admission=admission_settings(config),
+        classes=config.classes.table(),
     )
 
 
@@ -108,6 +112,8 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.dispatcher = build_dispatcher(config)
         self.metrics.watch_state(self.dispatcher)
+        self.tenant_metrics = TenantMetrics(self.metrics, config.tenants.metrics_limit)
+        self.tenant_metrics.watch(self.dispatcher)
         self.budgets: dict[str, Budget] = {cls: spec.budget for cls, spec in config.classes.by_name().items()}
         self.monitor = EngineMonitor(
             self.dispatcher,
@@ -177,8 +183,7 @@ class Gateway:
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        for cls in CLASSES:
-            budget = self.budgets[cls]
+        for cls, budget in self.budgets.items():
             for kind, value in (("ttft_p99", budget.ttft_s), ("itl_p99", budget.itl_s)):
                 if value is not None:
                     self.metrics.slo_budget.labels(cls, kind).set(value)

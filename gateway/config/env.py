@@ -21,7 +21,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from gateway.config.schema import ConfigError, Raw, type_hints, unknown_key
+from gateway.config.schema import ConfigError, Raw, misspelt, open_field, type_hints, unknown_key
 
 PREFIX = "GATEWAY__"
 SEPARATOR = "__"
@@ -47,9 +47,13 @@ def check_path(schema: type, path: Sequence[str], source: str) -> None:
         tp = section_type(tp)
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             hints = type_hints(tp)
-            if part not in hints:
+            extra = open_field(tp)
+            if part in hints:
+                tp = hints[part]
+            elif extra is not None and not misspelt(part, hints):
+                tp = get_args(section_type(hints[extra]))[1]
+            else:
                 raise unknown_key(part, list(hints), path[:depth]).from_source(source)
-            tp = hints[part]
         elif get_origin(tp) is dict:
             tp = get_args(tp)[1]
         else:

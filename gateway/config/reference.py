@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, get_args, get_origin
 
 from gateway.config.env import PREFIX, section_type
-from gateway.config.schema import describe, dotted, shown, type_hints
+from gateway.config.schema import describe, dotted, open_field, shown, type_hints
 from gateway.config.sections import Config
 
 INTRO = """\
@@ -105,7 +105,9 @@ def sections(cls: type, instance: Any, path: Sequence[str], lead: str = "") -> I
             nested.append((inner, getattr(instance, name), (*path, name), docs.get(name, "")))
         elif get_origin(inner) is dict and dataclasses.is_dataclass(get_args(inner)[1]):
             item = get_args(inner)[1]
-            nested.append((item, item(), (*path, name, "<name>"), docs.get(name, "")))
+            # An open section's free keys sit beside its fields, not under the field's name.
+            where = (*path, "<name>") if name == open_field(cls) else (*path, name, "<name>")
+            nested.append((item, item(), where, docs.get(name, "")))
         else:
             meaning = docs.get(name)
             if not meaning:

@@ -11,6 +11,9 @@ Rules:
   keeps the class's budgets). An unknown key, a wrong type or a value out of range is a
   ``ConfigError`` naming the key's path, and for an unknown key the nearest known one.
 - ``null`` (or an empty value) means the default, or ``None`` where the type allows it.
+- An open section (``OPEN_FIELD`` names one of its ``dict[str, X]`` fields) takes keys of its
+  own choosing beside its fields (``classes: {realtime: {...}}``): they land in that field. A
+  key spelt close to a field's name is still refused as a misspelling.
 - A settings class may define ``validated(self) -> Self`` for rules across its keys; it may
   return a normalised copy, and its errors are paths relative to the section.
 - Text from outside YAML (environment variables, command-line options) arrives as ``Raw``,
@@ -95,9 +98,15 @@ def build(cls: type[T], data: object, path: Sequence[str] = (), base: T | None =
     changes: dict[str, Any] = {}
     if data:
         hints = type_hints(cls)
+        extra = open_field(cls)
         for key, value in data.items():
             if key not in hints:
-                raise unknown_key(key, list(hints), path)
+                if extra is None or not isinstance(key, str) or misspelt(key, hints):
+                    raise unknown_key(key, list(hints), path)
+                more = changes.setdefault(extra, dict(getattr(start, extra)))
+                _, item = get_args(section_of(hints[extra]))
+                more[key] = convert(item, value, (*path, key), more.get(key, _MISSING))
+                continue
             changes[key] = convert(hints[key], value, (*path, key), getattr(start, key))
     result = dataclasses.replace(start, **changes) if changes else start  # type: ignore[type-var]
     validated = getattr(result, "validated", None)
@@ -220,6 +229,22 @@ def wants_text(tp: Any) -> bool:
 
 def allows_none(tp: Any) -> bool:
     return get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp)
+
+
+def open_field(cls: type) -> str | None:
+    """The field an open section keeps its free keys in, or None for a closed section."""
+    return getattr(cls, "OPEN_FIELD", None)
+
+
+def misspelt(key: str, known: Mapping[str, Any]) -> bool:
+    return bool(difflib.get_close_matches(key, list(known), n=1, cutoff=0.8))
+
+
+def section_of(tp: Any) -> Any:
+    """``tp`` without ``Annotated``."""
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    return tp
 
 
 def unknown_key(key: object, known: Sequence[str], path: Sequence[str]) -> ConfigError:

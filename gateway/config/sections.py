@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field, fields, replace
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from annotated_types import Ge, Gt, Interval
 
 from gateway.batch.settings import BatchSettings
 from gateway.config.schema import Check, ConfigError, starts_with
-from gateway.core.classes import BATCH, INTERACTIVE, Budget
+from gateway.core.classes import BATCH, CLASS_RANK, INTERACTIVE, Budget, ClassSpec, ClassTable
 from gateway.core.dispatcher import AdmissionSettings
 from gateway.core.limiter import LimitSettings
 from gateway.core.prefix import DEFAULT_BLOCK_CHARS
 from gateway.core.prefix_policy import PrefixAffinity
+from gateway.core.queue import DEFAULT_DECODE_TOKENS
 from gateway.core.request import RouteRequest
 from gateway.limits import ClientLimits
 
@@ -147,7 +148,7 @@ class PoolConfig:
     cached, within a load bound; see ``prefix``), ``least_loaded`` or ``round_robin``."""
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     """The engines' ``--scheduling-policy``; with ``priority`` the gateway writes vLLM's
-    ``priority`` field (interactive before batch)."""
+    ``priority`` field: each class's ``priority`` (interactive 0 before batch 1 by default)."""
     backfill: bool = True
     """Batch requests may use this pool's spare capacity while no interactive request waits
     (keeping ``admission.backfill_reserve`` free); they are stopped and queued again when an
@@ -215,6 +216,15 @@ class ClassConfig:
     is steered to keep it; null: no budget."""
     deadline_s: Annotated[float, Positive] | None = None
     """Longest a request of the class may wait in the queue before it starts; null: no deadline."""
+    priority: int | None = None
+    """vLLM's ``priority`` written for the class on pools with ``scheduling_policy: priority``
+    (lower runs first), and the class's rank in the gateway's queues; default: interactive 0,
+    batch 1; any other class must give one."""
+    kind: Literal["interactive", "batch"] | None = None
+    """How the class behaves: ``interactive`` (refused at once when it cannot start within its TTFT
+    budget; may overflow and stop backfilled work) or ``batch`` (fills spare capacity, may be stopped
+    and restarted, shed first from a full queue); default: ``batch`` for the class named batch,
+    else ``interactive``."""
 
     @property
     def budget(self) -> Budget:
@@ -227,15 +237,40 @@ class ClassConfig:
 
 @dataclass(frozen=True, slots=True)
 class ClassesConfig:
-    """The two priority classes. Keys given for a class replace only those keys of its defaults."""
+    """The priority classes (``X-Priority``): ``interactive`` and ``batch`` always exist; add more by
+    name beside them (``realtime: {priority: 0, pool: fast, ttft_p99_ms: 200}``), each with its own
+    ``priority``. Keys given for a class replace only those keys of its defaults."""
+
+    OPEN_FIELD: ClassVar[str] = "more"
 
     interactive: ClassConfig = field(default_factory=lambda: ClassConfig(ttft_p99_ms=500.0, itl_p99_ms=50.0))
     """Requests a person waits for: tight TTFT and ITL budgets."""
     batch: ClassConfig = field(default_factory=lambda: ClassConfig(deadline_s=86400.0))
     """Work that can wait (the Batch API's lines, ``X-Priority: batch``): a deadline, no latency budget."""
+    more: dict[str, ClassConfig] = field(default_factory=dict)
+    """Further classes, by name (lower case), given beside ``interactive`` and ``batch``."""
 
     def by_name(self) -> dict[str, ClassConfig]:
-        return {INTERACTIVE: self.interactive, BATCH: self.batch}
+        return {INTERACTIVE: self.interactive, BATCH: self.batch, **self.more}
+
+    def validated(self) -> ClassesConfig:
+        for name, spec in self.more.items():
+            if name != name.lower() or not name.replace("-", "").replace("_", "").isalnum():
+                raise ConfigError("a class name is lower-case letters, digits, - and _", [name])
+            if spec.priority is None:
+                raise ConfigError("a class other than interactive and batch needs a priority", [name, "priority"])
+        return self
+
+    def table(self) -> ClassTable:
+        """The classes as the core sees them: rank (vLLM priority) and kind."""
+        return ClassTable(
+            ClassSpec(
+                name,
+                spec.priority if spec.priority is not None else CLASS_RANK.get(name, 0),
+                spec.kind or (BATCH if name == BATCH else INTERACTIVE),
+            )
+            for name, spec in self.by_name().items()
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +316,23 @@ class AdmissionConfig:
                 ["initial_limit"],
             )
         return self
+
+
+@dataclass(frozen=True, slots=True)
+class TenantsConfig:
+    """Tenants share each class by weighted fair queueing. A tenant is an API key, or the ``tenant``
+    its key names (several keys, one tenant); its weight and concurrency cap are the key's settings
+    (``gateway keys create --tenant --weight --max-concurrency``). Without keys every request is one
+    tenant."""
+
+    fair: bool = True
+    """Weighted fair queueing inside each class, charged in predicted prompt + decode tokens; off: one
+    line per class by deadline, whoever queued it."""
+    decode_tokens: Annotated[int, Ge(0)] = DEFAULT_DECODE_TOKENS
+    """Decode tokens charged for a request without ``max_tokens``."""
+    metrics_limit: Annotated[int, Ge(0)] = 100
+    """Tenants that get their own label in ``gateway_tenant_*`` metrics (the first seen); the rest
+    are counted under ``tenant="other"``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,6 +499,7 @@ class Config:
     pools: dict[str, PoolConfig] = field(default_factory=dict)
     classes: ClassesConfig = field(default_factory=ClassesConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    tenants: TenantsConfig = field(default_factory=TenantsConfig)
     prefix: PrefixConfig = field(default_factory=PrefixConfig)
     models: ModelsConfig = field(default_factory=ModelsConfig)
     batch: BatchSettings = field(default_factory=BatchSettings)
@@ -467,7 +520,8 @@ class Config:
         limits = self.limits
         if self.max_body_bytes is not None and limits.max_body_bytes == ClientLimits().max_body_bytes:
             limits = replace(limits, max_body_bytes=self.max_body_bytes)
-        return replace(self, classes=ClassesConfig(**resolved), limits=limits)
+        interactive, batch = resolved.pop(INTERACTIVE), resolved.pop(BATCH)
+        return replace(self, classes=ClassesConfig(interactive, batch, resolved), limits=limits)
 
     def home_pools(self) -> dict[str, str]:
         """Each class's pool (once there are pools)."""

@@ -1,7 +1,12 @@
 """Request classes and their latency budgets.
 
 Rules:
-- Every request has exactly one class: ``interactive`` or ``batch``.
+- Every request has exactly one class. ``interactive`` and ``batch`` always exist; a
+  deployment may add more (``realtime``, ``standard``, ...) in a ``ClassTable``.
+- Each class has a rank, vLLM's ``priority`` polarity: lower runs first, in the gateway's
+  queue and, on pools that run priority scheduling, in the engine. Each class behaves as one
+  of two kinds: ``interactive`` (TTFT budget refusals, overflow, may stop backfilled work) or
+  ``batch`` (backfills spare capacity, may be stopped and restarted, shed first).
 - The ``X-Priority`` header chooses it (case-insensitive). Absent, the API key's default
   applies, and without a key, ``interactive``.
 - A key that may not use a class gets a refusal, never a silent change of class.
@@ -11,6 +16,7 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from gateway.core.reasons import Refusal
@@ -20,6 +26,50 @@ BATCH = "batch"
 CLASSES: tuple[str, ...] = (INTERACTIVE, BATCH)
 # Lower runs first, matching vLLM's `priority` field.
 CLASS_RANK: dict[str, int] = {INTERACTIVE: 0, BATCH: 1}
+KINDS: tuple[str, ...] = (INTERACTIVE, BATCH)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassSpec:
+    name: str
+    priority: int
+    """vLLM's ``priority`` for the class (lower runs first); also its rank in the gateway's queue."""
+    kind: str = INTERACTIVE
+
+
+class ClassTable:
+    """The classes of one deployment, ordered by rank (the ``priority`` each sends to vLLM)."""
+
+    def __init__(self, specs: Iterable[ClassSpec]) -> None:
+        ordered = sorted(specs, key=lambda s: (s.priority, s.name))
+        self.specs: dict[str, ClassSpec] = {s.name: s for s in ordered}
+        if len(self.specs) != len(ordered):
+            raise ValueError("class names must be unique")
+        for required in (INTERACTIVE, BATCH):
+            if required not in self.specs:
+                raise ValueError(f"the {required!r} class must exist")
+        for spec in ordered:
+            if spec.kind not in KINDS:
+                raise ValueError(f"class {spec.name!r}: kind must be one of {', '.join(KINDS)}")
+        self.names: tuple[str, ...] = tuple(self.specs)
+        self.rank: dict[str, int] = {s.name: s.priority for s in ordered}
+        self.kinds: dict[str, str] = {s.name: s.kind for s in ordered}
+        self.batch_like: tuple[str, ...] = tuple(n for n in self.names if self.kinds[n] == BATCH)
+        self.interactive_like: tuple[str, ...] = tuple(n for n in self.names if self.kinds[n] == INTERACTIVE)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.specs
+
+    def is_batch(self, name: str) -> bool:
+        return self.kinds[name] == BATCH
+
+    def priority(self, name: str) -> int:
+        return self.rank[name]
+
+
+DEFAULT_CLASSES = ClassTable(
+    [ClassSpec(INTERACTIVE, CLASS_RANK[INTERACTIVE]), ClassSpec(BATCH, CLASS_RANK[BATCH], kind=BATCH)]
+)
 
 
 class ClassificationError(ValueError):
@@ -71,17 +121,22 @@ def _tighter(current: float | None, asked: float | None) -> float | None:
     return min(current, asked)
 
 
-def classify(header: str | None, default: str = INTERACTIVE, allowed: frozenset[str] | None = None) -> str:
-    """The class of a request from its ``X-Priority`` header and its key's rules."""
+def classify(
+    header: str | None,
+    default: str = INTERACTIVE,
+    allowed: frozenset[str] | None = None,
+    known: Collection[str] = CLASSES,
+) -> str:
+    """The class of a request from its ``X-Priority`` header and its key's rules, among ``known`` classes."""
     if header is None or header == "":
         cls = default
     else:
         cls = header.strip().lower()
-        if cls not in CLASS_RANK:
+        if cls not in known:
             raise ClassificationError(
                 Refusal.INVALID_PRIORITY,
                 # Only a prefix of what the client sent: a header may be many kilobytes.
-                f"X-Priority must be one of {', '.join(CLASSES)}, got {header[:32]!r}",
+                f"X-Priority must be one of {', '.join(known)}, got {header[:32]!r}",
                 "X-Priority",
             )
     if allowed is not None and cls not in allowed:

@@ -15,8 +15,12 @@ Rules:
   to its home pool when that serves the model, else to the first pool that does.
 - With admission on, an engine takes a request only while its load is under its
   adaptive concurrency limit (see ``limiter``). Otherwise the request waits in its pool's
-  queue, interactive before batch, until it can start; an interactive request that
-  cannot start within its TTFT budget is refused at once with ``slo_budget_exceeded``.
+  queue, classes by rank (their vLLM ``priority``), until it can start; an interactive-kind
+  request that cannot start within its TTFT budget is refused at once with ``slo_budget_exceeded``.
+- Inside a class, tenants share the queue by weighted fair queueing (``fair_queue``). A tenant
+  at its concurrency cap starts nothing more; one at or over its weighted share of a pool's
+  slots, while other tenants are active there, starts only where an engine keeps the backfill
+  reserve free and serves no tenant under its share (alone, it may take every slot).
 - Batch requests may also start on engines of the interactive pool (backfill) while those
   keep a reserve of free slots and no interactive request waits. When an interactive
   request finds no room, a restartable (not streamed) backfilled batch request is stopped
@@ -24,8 +28,8 @@ Rules:
   recomputation. Interactive requests may overflow into a pool that accepts them; such
   pools run vLLM's priority scheduling and get ``priority`` written, so interactive work
   preempts batch there.
-- When a queue is full, the newest batch request is shed to make room; a batch request
-  that finds the queue full of interactive work is refused.
+- When a queue is full, the newest batch request of the heaviest batch tenant is shed to make
+  room; a batch request that finds the queue full of interactive work is refused.
 - Time is always an argument: the HTTP layer passes the wall clock, the simulator a
   virtual one.
 """
@@ -33,20 +37,21 @@ Rules:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gateway.core.classes import BATCH, CLASS_RANK, INTERACTIVE
+from gateway.core.classes import DEFAULT_CLASSES, ClassTable
 from gateway.core.engines import EngineMetrics, EngineState
 from gateway.core.kv_events import KVEvent
 from gateway.core.limiter import ConcurrencyLimit, LimitSettings
 from gateway.core.models import serves
-from gateway.core.queue import WaitQueue
+from gateway.core.queue import DEFAULT_DECODE_TOKENS, WaitQueue
 from gateway.core.reasons import Refusal
 from gateway.core.request import RouteRequest
 from gateway.core.routing import Choice, Policy, make_policy
 from gateway.core.sharing import Batch, EngineLoad, Learned, Peers
 from gateway.core.slots import FullEngine, Running, SlotTimes
+from gateway.core.tenants import TenantLoad
 from gateway.core.ttft_model import TTFTModel
 
 
@@ -72,6 +77,9 @@ class AdmissionSettings:
     max_queue: int = 4096
     backfill_reserve: float = 0.25
     min_retry_after_s: float = 1.0
+    fair: bool = True
+    """Tenants of a class share its queue by weighted fair queueing (off: one line by deadline)."""
+    decode_tokens: int = DEFAULT_DECODE_TOKENS
 
 
 @dataclass(slots=True, eq=False)
@@ -147,7 +155,7 @@ class Decisions:
 
 
 class Pool:
-    def __init__(self, spec: PoolSpec) -> None:
+    def __init__(self, spec: PoolSpec, classes: ClassTable, admission: AdmissionSettings) -> None:
         self.name = spec.name
         self.takes_priority = spec.takes_priority
         self.backfill = spec.backfill
@@ -156,7 +164,7 @@ class Pool:
         self.engines: list[EngineState] = [EngineState(url, spec.name) for url in spec.engines]
         self.models = frozenset(spec.models) | frozenset(spec.loadable)
         self.loadable = frozenset(spec.loadable)
-        self.queue = WaitQueue()
+        self.queue = WaitQueue(classes, admission.fair, admission.decode_tokens)
         self.ttft_model = TTFTModel()
         self.slots = SlotTimes()
 
@@ -189,16 +197,19 @@ class Dispatcher:
         home: Mapping[str, str] | None = None,
         budgets: Mapping[str, float | None] | None = None,
         admission: AdmissionSettings | None = None,
+        classes: ClassTable = DEFAULT_CLASSES,
     ) -> None:
         if not pools:
             raise ValueError("at least one pool is needed")
-        self.pools: dict[str, Pool] = {spec.name: Pool(spec) for spec in pools}
+        self.classes = classes
+        self.admission = admission or AdmissionSettings(enabled=False)
+        self.pools: dict[str, Pool] = {spec.name: Pool(spec, classes, self.admission) for spec in pools}
         first = pools[0].name
         self.home: dict[str, str] = {
-            cls: (home or {}).get(cls) or (cls if cls in self.pools else first) for cls in CLASS_RANK
+            cls: (home or {}).get(cls) or (cls if cls in self.pools else first) for cls in classes.names
         }
         self.itl_budgets: dict[str, float | None] = dict(budgets or {})
-        self.admission = admission or AdmissionSettings(enabled=False)
+        self.tenants = TenantLoad()
         self.limits: dict[str, ConcurrencyLimit] = {}
         self._engines: dict[str, EngineState] = {}
         self._queued_pool: dict[str, Pool] = {}
@@ -317,7 +328,18 @@ class Dispatcher:
             self._load_changed.add(engine.id)
 
     def queue_depths(self) -> dict[tuple[str, str], int]:
-        return {(name, cls): pool.queue.depth(cls) for name, pool in self.pools.items() for cls in CLASS_RANK}
+        return {(name, cls): pool.queue.depth(cls) for name, pool in self.pools.items() for cls in self.classes.names}
+
+    def tenant_inflight(self) -> dict[str, int]:
+        return dict(self.tenants.inflight)
+
+    def tenant_queued(self) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for pool in self.pools.values():
+            for cls in self.classes.names:
+                for tenant, n in pool.queue.tenants(cls).items():
+                    out[(tenant, cls)] = out.get((tenant, cls), 0) + n
+        return out
 
     def prefix_hit_estimates(self) -> dict[str, float]:
         return {name: pool.policy.hit_ratio_estimate() for name, pool in self.pools.items()}
@@ -351,9 +373,11 @@ class Dispatcher:
             return self._start(req, pool, choice, now, exclude)
         if not any(e.healthy for e in pool.engines) and not self._overflow_pools(req):
             return self._no_engine(req, pool, exclude)
-        if pool.queue.position(req.cls, math.inf) == 0:
+        self.tenants.note(req.tenant, req.max_concurrency, req.weight)
+        if self.tenants.has_room(req.tenant) and pool.queue.position(req, math.inf, self._ahead_of(req, pool)) == 0:
             placed = self._place(req, pool, now, exclude)
             if placed is not None:
+                pool.queue.charge(req)
                 return placed
         return self._enqueue(req, pool, now)
 
@@ -382,8 +406,45 @@ class Dispatcher:
                 out.append(engine)
         return out
 
+    def _tenant_room(
+        self, tenant: str, pool: Pool, exclude: Sequence[str] = (), model: str | None = None
+    ) -> list[EngineState]:
+        """Engines with room for ``tenant``: one at or over its weighted share of the pool's slots
+        leaves the backfill reserve free for tenants under theirs and keeps off the engines that
+        serve them (all of the pool when alone)."""
+        over = self._over_share(pool)
+        if over(tenant):
+            return self._apart(self._backfill_room(pool, exclude, model), over)
+        return self._with_room(pool, exclude, model=model)
+
+    def _apart(self, engines: list[EngineState], over: Callable[[str], bool]) -> list[EngineState]:
+        """``engines`` that serve no tenant under its share: an over-share tenant's prefills would
+        stall their decode steps."""
+        return [e for e in engines if all(over(d.request.tenant) for d in self._running.get(e.id, ()))]
+
+    def _over_share(self, pool: Pool) -> Callable[[str], bool]:
+        if not self.admission.fair:
+            return lambda tenant: False
+        slots = sum(self.limits[e.id].limit for e in pool.healthy())
+        return self.tenants.over_share(pool.name, slots, pool.queue.all_tenants())
+
+    def _may_start(self, pool: Pool) -> Callable[[str], bool]:
+        """Whether a tenant's queued request could start in ``pool`` now (its cap, its share, the room)."""
+        over = self._over_share(pool)
+        spare = bool(self._apart(self._backfill_room(pool, ()), over))
+        room = bool(self._with_room(pool, ()))
+        return lambda tenant: self.tenants.has_room(tenant) and (spare if over(tenant) else room)
+
+    def _ahead_of(self, req: RouteRequest, pool: Pool) -> Callable[[str], bool]:
+        """Whether a tenant's queued requests may start before ``req``: not at its cap, and not over
+        its share when ``req``'s tenant is under its own (slots freed then go to those under)."""
+        over = self._over_share(pool)
+        if over(req.tenant):
+            return self.tenants.has_room
+        return lambda tenant: self.tenants.has_room(tenant) and not over(tenant)
+
     def _overflow_pools(self, req: RouteRequest) -> list[Pool]:
-        if req.cls != INTERACTIVE:
+        if self.classes.is_batch(req.cls):
             return []
         home = self.pool_for(req.cls, req.model).name
         return [p for p in self.pools.values() if p.name != home and p.accept_overflow and p.serves(req.model)]
@@ -391,12 +452,12 @@ class Dispatcher:
     def _place(self, req: RouteRequest, pool: Pool, now: float, exclude: Sequence[str] = ()) -> Dispatch | None:
         """Start ``req`` on an engine with room, or return None."""
         model = req.model
-        choice = pool.policy.choose(req, self._with_room(pool, exclude, model=model), now)
+        choice = pool.policy.choose(req, self._tenant_room(req.tenant, pool, exclude, model), now)
         if choice is not None:
             return self._start(req, pool, choice, now, exclude)
-        if req.cls == BATCH:
+        if self.classes.is_batch(req.cls):
             for other in self.pools.values():
-                if other is pool or not other.backfill or other.queue.depth(INTERACTIVE):
+                if other is pool or not other.backfill or other.queue.depth_of(self.classes.interactive_like):
                     continue
                 choice = other.policy.choose(req, self._backfill_room(other, exclude, model), now)
                 if choice is not None:
@@ -444,16 +505,16 @@ class Dispatcher:
         deadline = self._start_deadline(req, pool)
         wait = None
         if req.budget.ttft_s is not None:
-            wait = self._expected_wait(pool, pool.queue.position(req.cls, deadline), now)
+            wait = self._expected_wait(pool, pool.queue.position(req, deadline, self._ahead_of(req, pool)), now)
             if deadline <= now or (wait is not None and now + wait > deadline):
                 return self._refuse_slo(req, wait)
         if len(pool.queue) >= self.admission.max_queue:
             if wait is None:
-                wait = self._expected_wait(pool, pool.queue.position(req.cls, deadline), now)
-            if req.cls == BATCH or pool.queue.depth(BATCH) == 0:
+                wait = self._expected_wait(pool, pool.queue.position(req, deadline, self._ahead_of(req, pool)), now)
+            if self.classes.is_batch(req.cls) or pool.queue.depth_of(self.classes.batch_like) == 0:
                 full = f"the {pool.name!r} queue is full"
                 return Rejection(req, Refusal.QUEUE_FULL, full, self._retry_after(wait))
-            victim = pool.queue.shed(BATCH)
+            victim = pool.queue.shed()
             assert victim is not None
             self._queued_pool.pop(victim.request.id, None)
             self._notices.append(
@@ -501,13 +562,14 @@ class Dispatcher:
     ) -> Dispatch:
         engine = choice.engine
         engine.started(req.cls, req.adapter)
+        self.tenants.started(req.tenant, req.max_concurrency, req.weight, pool.name)
         prefill = max(0, req.prompt_tokens - choice.predicted_cached_tokens)
         engine.pending_prefill += prefill
         self._load_change(engine)
         pool.policy.routed(req, choice, now)
         if self.admission.enabled:
             self.limits[engine.id].note_load(engine.load)
-        priority = CLASS_RANK[req.cls] if pool.takes_priority else None
+        priority = self.classes.priority(req.cls) if pool.takes_priority else None
         dispatch = Dispatch(
             req,
             engine,
@@ -540,6 +602,7 @@ class Dispatcher:
         dispatch.done = True
         dispatch.engine.finished(dispatch.request.cls, dispatch.request.adapter)
         self._load_change(dispatch.engine)
+        self.tenants.finished(dispatch.request.tenant, dispatch.pool)
         self._prefilled(dispatch, ok)
         backfilled = self._backfilled.get(dispatch.engine.id)
         if backfilled and dispatch in backfilled:
@@ -583,7 +646,7 @@ class Dispatcher:
         out = self._notices
         for pool in self.pools.values():
             queue = pool.queue
-            while (entry := queue.peek()) is not None:
+            while (entry := queue.peek(self._may_start(pool))) is not None:
                 if entry.deadline < now:
                     # Its deadline passed since the last poll: refused, never started late.
                     self._expire(now)
@@ -593,7 +656,7 @@ class Dispatcher:
                 placed = self._place(entry.request, pool, now)
                 if placed is None:
                     break
-                queue.remove(entry.request)
+                queue.take(entry.request)
                 self._queued_pool.pop(entry.request.id, None)
                 out.append(placed)
 

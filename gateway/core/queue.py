@@ -1,96 +1,110 @@
 """The gateway-side wait queue of one pool.
 
 Rules:
-- Ordered by class rank (interactive before batch), then by start deadline, then arrival
-  (a preempted request queued again keeps its place).
+- Ordered by class rank (the class's vLLM ``priority``: lower first). Inside a class, the
+  tenants share by weighted fair queueing charged in predicted tokens (``fair_queue``); each
+  tenant's own requests go by start deadline, then arrival (a preempted request queued again
+  keeps its place). With fairness off, a class is one line by deadline, as before tenants.
 - Each entry has a start deadline: past it, the request is refused rather than started
   late (an interactive request that cannot start in time for its TTFT budget is answered
   at once, never left to time out).
-- ``shed`` removes the batch entry that arrived last, to make room for more urgent work.
+- ``shed`` removes, from the lowest-ranked batch class with waiting work, the newest entry of
+  the tenant with the most queued work per weight: the flood goes first.
 - Cancelled entries (the client left) are skipped lazily.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
-from gateway.core.classes import CLASS_RANK
+from gateway.core.classes import DEFAULT_CLASSES, ClassTable
+from gateway.core.fair_queue import FairQueue, Waiting
 from gateway.core.request import RouteRequest
 
+DEFAULT_DECODE_TOKENS = 256
+"""Decode tokens charged for a request that does not say its ``max_tokens``."""
 
-@dataclass(slots=True, order=True)
-class Entry:
-    rank: int
-    deadline: float
-    arrival: float
-    seq: int
-    request: RouteRequest = field(compare=False)
-    enqueued: float = field(compare=False, default=0.0)
-    cancelled: bool = field(compare=False, default=False)
+Entry = Waiting[RouteRequest]
 
 
 class WaitQueue:
-    def __init__(self) -> None:
-        self._heap: list[Entry] = []
-        # Per class, in arrival order: the newest batch entry is the one shed first.
-        self._live: dict[str, dict[str, Entry]] = {cls: {} for cls in CLASS_RANK}
-        self._seq = itertools.count()
+    def __init__(
+        self, classes: ClassTable = DEFAULT_CLASSES, fair: bool = True, decode_tokens: int = DEFAULT_DECODE_TOKENS
+    ) -> None:
+        self.classes = classes
+        self.fair = fair
+        self.decode_tokens = decode_tokens
+        self._lines: dict[str, FairQueue[RouteRequest]] = {cls: FairQueue(fair) for cls in classes.names}
 
     def __len__(self) -> int:
-        return sum(len(entries) for entries in self._live.values())
+        return sum(len(line) for line in self._lines.values())
 
     def depth(self, cls: str) -> int:
-        return len(self._live[cls])
+        return len(self._lines[cls])
+
+    def depth_of(self, classes: tuple[str, ...]) -> int:
+        return sum(len(self._lines[cls]) for cls in classes)
+
+    def tenants(self, cls: str) -> dict[str, int]:
+        return self._lines[cls].tenants()
+
+    def all_tenants(self) -> set[str]:
+        """Tenants with requests waiting in any class."""
+        return {tenant for line in self._lines.values() for tenant in line.tenants()}
+
+    def cost(self, req: RouteRequest) -> float:
+        """What a request is charged: its prompt and predicted decode tokens."""
+        return req.prompt_tokens + (req.max_tokens if req.max_tokens is not None else self.decode_tokens)
 
     def push(self, req: RouteRequest, deadline: float, now: float) -> Entry:
-        entry = Entry(CLASS_RANK[req.cls], deadline, req.arrival, next(self._seq), req, now)
-        heapq.heappush(self._heap, entry)
-        self._live[req.cls][req.id] = entry
-        return entry
+        line = self._lines[req.cls]
+        return line.push(req.id, req.tenant, self.cost(req), deadline, req.arrival, req, req.weight, now)
 
-    def peek(self) -> Entry | None:
-        heap = self._heap
-        while heap and heap[0].cancelled:
-            heapq.heappop(heap)
-        return heap[0] if heap else None
+    def peek(self, eligible: Callable[[str], bool] | None = None) -> Entry | None:
+        """The entry that starts next; tenants for which ``eligible`` is false are passed over."""
+        for line in self._lines.values():
+            if len(line) and (entry := line.peek(eligible)) is not None:
+                return entry
+        return None
 
     def pop(self) -> Entry:
+        """Take the entry that starts next."""
         entry = self.peek()
         assert entry is not None
-        heapq.heappop(self._heap)
-        self._forget(entry)
+        self.take(entry.request)
         return entry
+
+    def take(self, request: RouteRequest) -> Entry | None:
+        """Remove ``request`` because it starts now: its tenant is charged for it."""
+        return self._lines[request.cls].take(request.id)
+
+    def charge(self, request: RouteRequest) -> None:
+        """``request`` started without waiting: its tenant is charged all the same."""
+        self._lines[request.cls].charge(request.tenant, self.cost(request), request.weight)
 
     def remove(self, request: RouteRequest) -> Entry | None:
-        entry = self._live[request.cls].get(request.id)
-        if entry is not None:
-            entry.cancelled = True
-            self._forget(entry)
-        return entry
-
-    def _forget(self, entry: Entry) -> None:
-        self._live[entry.request.cls].pop(entry.request.id, None)
+        return self._lines[request.cls].remove(request.id)
 
     def expired(self, now: float) -> list[Entry]:
-        gone = [e for entries in self._live.values() for e in entries.values() if e.deadline < now]
+        gone = [e for line in self._lines.values() for e in line.entries() if e.deadline < now]
         for entry in gone:
-            entry.cancelled = True
-            self._forget(entry)
+            self._lines[entry.item.cls].remove(entry.key)
         return gone
 
-    def position(self, cls: str, deadline: float) -> int:
-        """How many live entries would be served before a new one of this class and deadline."""
-        rank = CLASS_RANK[cls]
-        ahead = sum(len(self._live[c]) for c, r in CLASS_RANK.items() if r < rank)
-        return ahead + sum(1 for e in self._live[cls].values() if e.deadline <= deadline)
+    def position(self, req: RouteRequest, deadline: float, eligible: Callable[[str], bool] | None = None) -> int:
+        """About how many live entries would be served before ``req`` with this deadline (tenants for
+        which ``eligible`` is false are not ahead in its class)."""
+        rank = self.classes.rank[req.cls]
+        ahead = sum(len(line) for cls, line in self._lines.items() if self.classes.rank[cls] < rank)
+        return ahead + self._lines[req.cls].ahead(req.tenant, deadline, eligible)
 
-    def shed(self, cls: str) -> Entry | None:
-        entries = self._live[cls]
-        if not entries:
-            return None
-        victim = entries[next(reversed(entries))]
-        victim.cancelled = True
-        self._forget(victim)
-        return victim
+    def shed(self, cls: str | None = None) -> Entry | None:
+        """Drop the newest entry of the heaviest tenant of class ``cls``, by default of the lowest-ranked
+        batch class that has any."""
+        for name in (cls,) if cls is not None else reversed(self.classes.batch_like):
+            line = self._lines[name]
+            victim = line.newest_of_heaviest()
+            if victim is not None:
+                line.remove(victim.key)
+                return victim
+        return None

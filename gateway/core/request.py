@@ -19,6 +19,13 @@ class RouteRequest:
     block_tokens: int = 16
     session: str | None = None
     budget: Budget = field(default_factory=Budget)
+    tenant: str = ""
+    """Who is charged for it in its class's fair queue: the API key's tenant (or the key), never
+    anything the request itself says."""
+    weight: float = 1.0
+    """The tenant's weight in the fair queue."""
+    max_concurrency: int | None = None
+    """The most requests of the tenant in flight at once; None: no cap."""
     restartable: bool = False
     """Nothing of the answer reaches the client before it is complete (not streamed), so the
     request may be stopped and started again elsewhere."""

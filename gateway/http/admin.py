@@ -29,6 +29,13 @@ def _limit(body: dict[str, Any], name: str) -> int | None:
     return value
 
 
+def _number(body: dict[str, Any], name: str, default: float) -> float:
+    value = body.get(name, default)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be a number", "invalid_value", name)
+    return float(value)
+
+
 def admin_router(gateway: Gateway) -> APIRouter:
     router = APIRouter()
     keys = gateway.keys
@@ -56,8 +63,21 @@ def admin_router(gateway: Gateway) -> APIRouter:
         name = body.get("name") or ""
         if not isinstance(name, str):
             raise ApiError(400, "'name' must be a string", "invalid_value", "name")
+        tenant = body.get("tenant")
+        if tenant is not None and not isinstance(tenant, str):
+            raise ApiError(400, "'tenant' must be a string", "invalid_value", "tenant")
         try:
-            key, secret = new_key(name, classes, default, _limit(body, "rpm"), _limit(body, "tpm"))
+            key, secret = new_key(
+                name,
+                classes,
+                default,
+                _limit(body, "rpm"),
+                _limit(body, "tpm"),
+                tenant=tenant,
+                weight=_number(body, "weight", 1.0),
+                max_concurrency=_limit(body, "max_concurrency"),
+                known=tuple(gateway.budgets),
+            )
         except KeySpecError as exc:
             raise ApiError(400, str(exc), "invalid_value") from None
         await store.put_key(key)

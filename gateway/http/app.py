@@ -125,6 +125,7 @@ def build_proxy(gateway: Gateway) -> Proxy:
         tracing=gateway.tracing,
         adapters=gateway.adapters,
         engine_header=gateway.config.models.engine_header,
+        tenants=gateway.tenant_metrics,
     )
 
 

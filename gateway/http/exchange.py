@@ -44,6 +44,7 @@ class Exchange:
         "status",
         "stream",
         "tail",
+        "tenant",
         "ttft_s",
     )
 
@@ -53,6 +54,7 @@ class Exchange:
         self.started = started
         self.key_id: str | None = None
         self.key_name: str | None = None
+        self.tenant = ""
         self.cls = "-"
         self.pool = "-"
         self.engine = "-"

@@ -38,7 +38,15 @@ from gateway.http.body import check_responses, parse_body, with_priority
 from gateway.http.exchange import USAGE_TAIL, Exchange
 from gateway.http.model_names import ModelNames, with_model
 from gateway.http.refusals import refused
-from gateway.http.seams import AdapterLoading, Admission, EngineClients, Placement, RateLimits, RelayMetrics
+from gateway.http.seams import (
+    AdapterLoading,
+    Admission,
+    EngineClients,
+    Placement,
+    RateLimits,
+    RelayMetrics,
+    TenantCounts,
+)
 from gateway.ratelimit import Meter
 from gateway.upstream.h1 import ConnectError, OutOfDescriptors, ReadTimeout, Response, UpstreamError
 
@@ -169,6 +177,7 @@ class Proxy:
         tracing: Tracing | None = None,
         adapters: AdapterLoading | None = None,
         engine_header: bool = True,
+        tenants: TenantCounts | None = None,
     ) -> None:
         self.admission = admission
         self.placement = placement
@@ -183,6 +192,7 @@ class Proxy:
         self.tracing = tracing
         self.adapters = adapters
         self.engine_header = engine_header
+        self.tenants = tenants
         self._queued_bytes: dict[str, int] = {}
         self._requests: dict[tuple[str, str, int], Any] = {}
         self._ttft: dict[tuple[str, str], Any] = {}
@@ -198,6 +208,18 @@ class Proxy:
         if child is None:
             child = self._requests[key] = self.metrics.requests.labels(record.cls, record.pool, str(status))
         child.inc()
+        if self.tenants is None:
+            return
+        budget = self.budgets.get(record.cls)
+        self.tenants.answered(
+            record.tenant,
+            record.cls,
+            status,
+            record.ttft_s,
+            budget.ttft_s if budget is not None else None,
+            record.usage() if status == 200 else (None, None),
+            record.stream,
+        )
 
     def _child(self, metric: Any, *labels: str) -> Any:
         key = (id(metric), *labels)
@@ -258,12 +280,13 @@ class Proxy:
             parsed = parse_body(body, endpoint.required, endpoint.check)
             principal = await self.auth.authenticate(headers.authorization) if self.auth.required else None
             if principal is not None:
-                record.key_id, record.key_name = principal.key_id, principal.name
+                record.key_id, record.key_name, record.tenant = principal.key_id, principal.name, principal.tenant
             try:
                 cls = record.cls = classify(
                     headers.priority,
                     principal.default_class if principal else "interactive",
                     principal.allowed if principal else None,
+                    self.budgets,
                 )
                 budget = self.budgets[cls]
                 if headers.slo_ttft is not None or headers.slo_tpot is not None:
@@ -271,6 +294,12 @@ class Proxy:
             except ClassificationError as exc:
                 raise refused(exc.reason, exc.message, exc.param) from None
             req = self.placement.route_request(parsed, endpoint.hashes_prompt, cls, budget, headers.session, started)
+            if principal is not None:
+                req.tenant, req.weight, req.max_concurrency = (
+                    principal.tenant,
+                    principal.weight,
+                    principal.max_concurrency,
+                )
             stream = record.stream = parsed.get("stream") is True
             record.model = req.model
             record.prompt_estimate = req.prompt_tokens or None

@@ -99,6 +99,21 @@ class RateLimits(Protocol):
     def meter(self, principal: Principal, req: RouteRequest, send: Send) -> Meter | None: ...
 
 
+class TenantCounts(Protocol):
+    """Per-tenant counters (``gateway.tenant_metrics``): one call per answer."""
+
+    def answered(
+        self,
+        tenant: str,
+        cls: str,
+        status: int,
+        ttft_s: float | None,
+        ttft_budget_s: float | None,
+        usage: tuple[int | None, int | None],
+        stream: bool,
+    ) -> None: ...
+
+
 class RelayMetrics(Protocol):
     """The Prometheus families the request path writes (labels in ``gateway.metrics``)."""
 

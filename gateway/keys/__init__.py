@@ -40,6 +40,8 @@ from gateway.store.records import ApiKey
 
 SECRET_PREFIX = "sk-"
 MAX_NAME = 256
+MAX_TENANT = 64
+MAX_WEIGHT = 1000.0
 CACHE_ENTRIES = 10_000
 _INTERNAL = b"Internal "
 
@@ -65,34 +67,67 @@ def new_key(
     default_class: str | None = None,
     rpm: int | None = None,
     tpm: int | None = None,
+    tenant: str | None = None,
+    weight: float = 1.0,
+    max_concurrency: int | None = None,
+    known: Sequence[str] = CLASSES,
 ) -> tuple[ApiKey, str]:
-    """A fresh key and its secret (the only time the secret exists outside the caller)."""
+    """A fresh key and its secret (the only time the secret exists outside the caller); its classes
+    must be among the ``known`` (the configured ones)."""
     name = name.strip()
     if not name:
         raise KeySpecError("a key needs a name")
     if len(name) > MAX_NAME:
         raise KeySpecError(f"a key's name has at most {MAX_NAME} characters")
     chosen = list(dict.fromkeys(c.strip().lower() for c in classes if c.strip()))
-    unknown = [c for c in chosen if c not in CLASSES]
+    unknown = [c for c in chosen if c not in known]
     if not chosen or unknown:
         got = excerpt(", ".join(classes)) if classes else "none"
-        raise KeySpecError(f"classes must be some of {', '.join(CLASSES)}; got {got}")
+        raise KeySpecError(f"classes must be some of {', '.join(known)}; got {got}")
     default = (default_class or chosen[0]).lower()
     if default not in chosen:
         raise KeySpecError(
             f"the default class {excerpt(default)} must be one of the key's classes ({', '.join(chosen)})"
         )
-    for label, value in (("rpm", rpm), ("tpm", tpm)):
+    for label, value in (("rpm", rpm), ("tpm", tpm), ("max_concurrency", max_concurrency)):
         if value is not None and value <= 0:
             raise KeySpecError(f"{label} must be a positive number")
+    if not 0 < weight <= MAX_WEIGHT:
+        raise KeySpecError(f"weight must be a number above 0 and at most {MAX_WEIGHT:g}")
+    if tenant is not None:
+        tenant = tenant.strip()
+        if not 0 < len(tenant) <= MAX_TENANT or not tenant.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise KeySpecError(f"a tenant is 1 to {MAX_TENANT} letters, digits, '.', '-' or '_'; got {excerpt(tenant)}")
     key_id = "key-" + secrets.token_hex(6)
     secret = f"{SECRET_PREFIX}{key_id}.{secrets.token_urlsafe(32)}"
-    key = ApiKey(key_id, name, hash_secret(secret), chosen, default, int(time.time()), rpm, tpm)
+    key = ApiKey(
+        key_id,
+        name,
+        hash_secret(secret),
+        chosen,
+        default,
+        int(time.time()),
+        rpm,
+        tpm,
+        tenant=tenant,
+        weight=float(weight),
+        max_concurrency=max_concurrency,
+    )
     return key, secret
 
 
 def principal_of(key: ApiKey) -> Principal:
-    return Principal(key.id, key.name, key.default_class, frozenset(key.classes), key.rpm, key.tpm)
+    return Principal(
+        key.id,
+        key.name,
+        key.default_class,
+        frozenset(key.classes),
+        key.rpm,
+        key.tpm,
+        tenant=key.tenant or key.id,
+        weight=key.weight,
+        max_concurrency=key.max_concurrency,
+    )
 
 
 def _bearer(authorization: bytes | None) -> str | None:
@@ -193,7 +228,7 @@ class KeyAuthenticator:
             token, _, owner = authorization[len(_INTERNAL) :].partition(b" ")
             if hmac.compare_digest(token, self._internal):
                 owner_id = owner.decode()
-                return Principal(owner_id or None, "batch", BATCH, frozenset({BATCH}))
+                return Principal(owner_id or None, "batch", BATCH, frozenset({BATCH}), tenant=owner_id)
         secret = _bearer(authorization)
         if secret is None:
             raise ApiError(

@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     create.add_argument("--default-class", help="class of requests without X-Priority (default: the first)")
     create.add_argument("--rpm", type=int, help="requests per minute")
     create.add_argument("--tpm", type=int, help="tokens per minute (prompt + completion)")
+    create.add_argument("--tenant", help="tenant charged in fair queueing (default: the key itself)")
+    create.add_argument("--weight", type=float, default=1.0, help="the tenant's fair-queueing weight (default 1)")
+    create.add_argument("--max-concurrency", type=int, help="most requests of the tenant in flight at once")
     listing = sub.add_parser("list", help="list keys (never their secrets)")
     revoke = sub.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
@@ -44,15 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         command.add_argument("--ca-file", help="with an https:// --url: CA bundle that signs the gateway's certificate")
 
 
-def store_settings(path: str | None) -> tuple[str, KeysConfig]:
+def store_settings(path: str | None) -> tuple[str, KeysConfig, tuple[str, ...]]:
     config = load_config(path, pools_required=False)
-    return config.store, config.keys
+    return config.store, config.keys, tuple(config.classes.by_name())
 
 
 def main(args: argparse.Namespace) -> int:
     if args.url is not None:
         return _remote(args)
-    url, keys = store_settings(args.config)
+    url, keys, classes = store_settings(args.config)
     if url == "memory" and not keys.file:
         print(
             "gateway keys: the in-process store forgets keys when this command ends; "
@@ -62,18 +65,28 @@ def main(args: argparse.Namespace) -> int:
         return 2
     store = open_store(url, keys.file)
     try:
-        return asyncio.run(_run(store, args))
+        return asyncio.run(_run(store, args, classes))
     except StoreUnavailable as exc:
         print(f"gateway keys: the store is unreachable ({exc})", file=sys.stderr)
         return 1
 
 
-async def _run(store: Store, args: argparse.Namespace) -> int:
+async def _run(store: Store, args: argparse.Namespace, classes: tuple[str, ...]) -> int:
     await store.open()
     try:
         if args.keys_command == "create":
             try:
-                key, secret = new_key(args.name, args.classes.split(","), args.default_class, args.rpm, args.tpm)
+                key, secret = new_key(
+                    args.name,
+                    args.classes.split(","),
+                    args.default_class,
+                    args.rpm,
+                    args.tpm,
+                    tenant=args.tenant,
+                    weight=args.weight,
+                    max_concurrency=args.max_concurrency,
+                    known=classes,
+                )
             except KeySpecError as exc:
                 print(f"gateway keys: {exc}", file=sys.stderr)
                 return 2
@@ -104,7 +117,18 @@ def _remote(args: argparse.Namespace) -> int:
         with RemoteKeys(args.url, args.admin_key, args.ca_file) as remote:
             if args.keys_command == "create":
                 classes = args.classes.split(",")
-                _created(*remote.create(args.name, classes, args.default_class, args.rpm, args.tpm))
+                _created(
+                    *remote.create(
+                        args.name,
+                        classes,
+                        args.default_class,
+                        args.rpm,
+                        args.tpm,
+                        args.tenant,
+                        args.weight,
+                        args.max_concurrency,
+                    )
+                )
             elif args.keys_command == "list":
                 _listing(remote.list())
             elif remote.revoke(args.key_id) is None:

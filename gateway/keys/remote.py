@@ -44,9 +44,26 @@ class RemoteKeys:
         self._client.close()
 
     def create(
-        self, name: str, classes: list[str], default_class: str | None, rpm: int | None, tpm: int | None
+        self,
+        name: str,
+        classes: list[str],
+        default_class: str | None,
+        rpm: int | None,
+        tpm: int | None,
+        tenant: str | None = None,
+        weight: float | None = None,
+        max_concurrency: int | None = None,
     ) -> tuple[ApiKey, str]:
-        body = {"name": name, "classes": classes, "default_class": default_class, "rpm": rpm, "tpm": tpm}
+        body = {
+            "name": name,
+            "classes": classes,
+            "default_class": default_class,
+            "rpm": rpm,
+            "tpm": tpm,
+            "tenant": tenant,
+            "weight": weight,
+            "max_concurrency": max_concurrency,
+        }
         data = self._call("POST", "/admin/keys", json={k: v for k, v in body.items() if v is not None})
         return _key(data), str(data["secret"])
 
@@ -79,7 +96,7 @@ class RemoteKeys:
 
 
 def _key(data: dict[str, Any]) -> ApiKey:
-    fields = {name: data.get(name) for name in ("rpm", "tpm", "revoked_at")}
+    fields = {name: data.get(name) for name in ("rpm", "tpm", "revoked_at", "tenant", "max_concurrency")}
     return ApiKey(
         str(data["id"]),
         str(data["name"]),
@@ -87,5 +104,6 @@ def _key(data: dict[str, Any]) -> ApiKey:
         list(data["classes"]),
         str(data["default_class"]),
         int(data["created_at"]),
+        weight=float(data.get("weight") or 1.0),
         **fields,
     )

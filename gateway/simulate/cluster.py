@@ -384,6 +384,7 @@ class Cluster:
             budget=budget,
             restartable=tr.cls == BATCH,
             adapter=tr.adapter,
+            tenant=tr.tenant,
         )
         if self.precise:
             req.block_tokens = self._block_size(tr.cls)

@@ -40,6 +40,8 @@ class TraceRequest:
     """Tokens each of ``hash_ids`` stands for (512 as published; fewer after ``scale_blocks``)."""
     adapter: str | None = None
     """The LoRA adapter the request names as its model (None: the base model)."""
+    tenant: str = ""
+    """Who sent it, as the key store would name the tenant (fair queueing experiments)."""
 
     def text(self) -> str:
         """Prompt text as the gateway would see it (only the part it hashes)."""

@@ -131,6 +131,15 @@ class ApiKey:
     rpm: int | None = None
     tpm: int | None = None
     revoked_at: int | None = None
+    tenant: str | None = None
+    """The tenant the key's requests are charged to in its class's fair queue (keys may share one);
+    None: the key is a tenant of its own."""
+    weight: float = 1.0
+    """The tenant's weight in fair queueing: while several tenants wait, each gets this share of the
+    total weight of those waiting."""
+    max_concurrency: int | None = None
+    """Most requests of the tenant in flight at once; more wait in the queue (never refused for it).
+    None: no cap."""
 
     @property
     def active(self) -> bool:

@@ -27,6 +27,11 @@ GATEWAY: dict[str, tuple[str, frozenset[str]]] = {
     "gateway_slo_budget_seconds": ("gauge", frozenset({"class", "kind"})),
     "gateway_batch_requests_total": ("counter", frozenset({"status"})),
     "gateway_batches": ("gauge", frozenset({"status"})),
+    "gateway_tenant_requests_total": ("counter", frozenset({"tenant", "class", "status"})),
+    "gateway_tenant_tokens_total": ("counter", frozenset({"tenant", "class", "kind"})),
+    "gateway_tenant_slo_total": ("counter", frozenset({"tenant", "class", "result"})),
+    "gateway_tenant_inflight": ("gauge", frozenset({"tenant"})),
+    "gateway_tenant_queued": ("gauge", frozenset({"tenant", "class"})),
 }
 
 VLLM_LABELS = frozenset({"engine", "model_name"})

@@ -12,6 +12,7 @@ import promql_parser
 import pytest
 
 from gateway.metrics import GatewayMetrics
+from gateway.tenant_metrics import TenantMetrics
 from tests.deploy.documented_metrics import GATEWAY, series_labels
 from tests.deploy.support import DEPLOY, named, render
 
@@ -128,6 +129,11 @@ def metrics_read(board: dict[str, Any]) -> set[str]:
         "gateway_batches",
         "gateway_engine_healthy",
         "gateway_requests_total",
+        "gateway_tenant_slo_total",
+        "gateway_tenant_tokens_total",
+        "gateway_tenant_requests_total",
+        "gateway_tenant_inflight",
+        "gateway_tenant_queued",
     ],
 )
 def test_dashboard_shows(needed: str) -> None:
@@ -159,7 +165,15 @@ def test_documented_gateway_metrics_are_the_ones_the_gateway_exports() -> None:
         def concurrency_limits(self) -> dict[str, float]:
             return {}
 
+    class NoTenants:
+        def tenant_inflight(self) -> dict[str, int]:
+            return {}
+
+        def tenant_queued(self) -> dict[tuple[str, str], int]:
+            return {}
+
     metrics.watch_state(NoState())
+    TenantMetrics(metrics, limit=10).watch(NoTenants())
     exported = {family.name: family.type for family in metrics.registry.collect()}
     for name, (kind, _labels) in GATEWAY.items():
         family = name.removesuffix("_total") if kind == "counter" else name

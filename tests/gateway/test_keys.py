@@ -64,6 +64,8 @@ def env(procs, tmp_path_factory):
         "offline": create_key(config, "offline", "--classes", "batch"),
         "rpm": create_key(config, "rpm", "--rpm", "4"),
         "tpm": create_key(config, "tpm", "--tpm", "300"),
+        "team-a-1": create_key(config, "team-a-1", "--tenant", "team-a", "--weight", "2", "--max-concurrency", "4"),
+        "team-a-2": create_key(config, "team-a-2", "--tenant", "team-a"),
     }
     stack = start_stack(tmp, procs, store=server.url, keys=KEYS, gateways=2)
     yield {"config": config, "keys": keys, "stack": stack, "urls": [g.url for g in stack.gateways], "server": server}
@@ -208,6 +210,9 @@ def test_admin_endpoints_manage_keys_with_the_admin_key(env):
     assert body["id"] in [k["id"] for k in listed] and all("secret" not in k for k in listed)
     bad = httpx.post(a + "/admin/keys", json={"name": "x", "classes": ["gold"]}, headers=admin)
     assert_error(bad, 400, "invalid_value")
+    team = {"name": "team-key", "tenant": "team-a", "weight": 3, "max_concurrency": 8}
+    shared = httpx.post(a + "/admin/keys", json=team, headers=admin).json()
+    assert (shared["tenant"], shared["weight"], shared["max_concurrency"]) == ("team-a", 3.0, 8)
     assert httpx.delete(f"{b}/admin/keys/{body['id']}", headers=admin).json()["revoked_at"] is not None
     assert_error(httpx.delete(f"{b}/admin/keys/key-nope", headers=admin), 404, "not_found")
     time.sleep(0.4)
@@ -223,6 +228,11 @@ def test_admin_input_is_bounded_and_never_echoed(env):
         ({"name": "x", "default_class": "d" * 10_000}, "invalid_value"),
         ({"name": "x", "default_class": 5}, "invalid_value"),
         ({"name": {"a": 1}}, "invalid_value"),
+        ({"name": "x", "tenant": "t" * 10_000}, "invalid_value"),
+        ({"name": "x", "tenant": "bad tenant"}, "invalid_value"),
+        ({"name": "x", "weight": 0}, "invalid_value"),
+        ({"name": "x", "weight": "heavy"}, "invalid_value"),
+        ({"name": "x", "max_concurrency": 0}, "invalid_value"),
     ]
     for body, code in cases:
         refused = httpx.post(url + "/admin/keys", json=body, headers=admin)
@@ -317,3 +327,33 @@ def test_one_replica_keeps_keys_in_a_file_and_requires_them_once_one_exists(proc
     time.sleep(0.5)
     assert_error(chat(url, None), 401, "missing_api_key")
     assert chat(url, key).status_code == 200
+
+
+def test_a_key_names_its_tenant_weight_and_cap_and_old_records_still_load():
+    from gateway.keys import KeySpecError, new_key, principal_of
+    from gateway.store.records import ApiKey
+
+    key, _ = new_key("k", ["interactive"], tenant="team-a", weight=2.5, max_concurrency=4)
+    principal = principal_of(key)
+    assert (principal.tenant, principal.weight, principal.max_concurrency) == ("team-a", 2.5, 4)
+    own, _ = new_key("k", ["interactive"])
+    assert principal_of(own).tenant == own.id, "without a tenant a key is its own"
+    stored_before = {
+        k: v for k, v in own.to_api().items() if k not in ("tenant", "weight", "max_concurrency", "object")
+    }
+    old = ApiKey(**{**stored_before, "secret_hash": own.secret_hash})
+    assert (old.tenant, old.weight, old.max_concurrency) == (None, 1.0, None)
+    with pytest.raises(KeySpecError, match="classes must be some of interactive, batch"):
+        new_key("k", ["realtime"])
+    assert new_key("k", ["realtime"], known=("realtime", "interactive", "batch"))[0].classes == ["realtime"]
+
+
+def test_tenant_metrics_name_the_key_stores_tenant_never_request_input(env):
+    url = env["urls"][0]
+    for name in ("team-a-1", "team-a-2"):
+        assert chat(url, secret(env, name), **{"x-tenant": "forged", "x-priority": "interactive"}).status_code == 200
+    text = httpx.get(url + "/metrics").text
+    team = [line for line in text.splitlines() if line.startswith("gateway_tenant_requests_total{")]
+    assert any('tenant="team-a"' in line and 'status="200"' in line and line.endswith(" 2.0") for line in team), team
+    assert "forged" not in text
+    assert 'gateway_tenant_tokens_total{class="interactive",kind="completion",tenant="team-a"} 8.0' in text

@@ -6,7 +6,7 @@ from typing import Any, get_args, get_origin
 
 from gateway.config import Config
 from gateway.config.reference import sections
-from gateway.config.schema import type_hints
+from gateway.config.schema import open_field, type_hints
 
 POOLS = {"interactive": {"engines": ["http://127.0.0.1:8001"]}, "batch": {"engines": ["http://127.0.0.1:8003"]}}
 
@@ -20,6 +20,8 @@ def section_class(path: tuple[str, ...]) -> type:
     cls: Any = Config
     for part in path:
         if part == "<name>":
+            if (extra := open_field(cls)) is not None:
+                cls = get_args(type_hints(cls)[extra])[1]
             continue
         tp = type_hints(cls)[part]
         cls = get_args(tp)[1] if get_origin(tp) is dict else tp

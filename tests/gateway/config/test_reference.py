@@ -11,7 +11,7 @@ import pytest
 from gateway.config import Config
 from gateway.config.env import section_type
 from gateway.config.reference import render, sections
-from gateway.config.schema import type_hints
+from gateway.config.schema import open_field, type_hints
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "configuration.md"
@@ -31,7 +31,8 @@ def leaf_keys(cls: type, path: str) -> list[str]:
         if is_dataclass(inner):
             keys += leaf_keys(inner, f"{path}{name}.")
         elif args and is_dataclass(args[-1]):
-            keys += leaf_keys(args[-1], f"{path}{name}.<name>.")
+            # An open section's free keys sit beside its fields.
+            keys += leaf_keys(args[-1], f"{path}<name>." if name == open_field(cls) else f"{path}{name}.<name>.")
         else:
             keys.append(path + name)
     return keys

@@ -6,7 +6,7 @@ from dataclasses import asdict, fields
 import pytest
 
 from gateway.config import ClassesConfig, Config, ConfigError, PrefixPolicyConfig, load_config, parse_config
-from gateway.config.schema import type_hints
+from gateway.config.schema import open_field, type_hints
 from gateway.core.classes import CLASSES
 from gateway.core.dispatcher import AdmissionSettings
 from gateway.core.prefix_policy import PrefixAffinity
@@ -54,7 +54,53 @@ def test_every_prefix_policy_knob_is_a_documented_setting():
 
 
 def test_the_classes_section_has_every_class():
-    assert tuple(type_hints(ClassesConfig)) == CLASSES
+    assert tuple(ClassesConfig().by_name()) == CLASSES
+
+
+FOUR_CLASSES = {
+    "realtime": {"priority": 0, "pool": "interactive", "ttft_p99_ms": 200},
+    "interactive": {"priority": 1},
+    "standard": {"priority": 2, "pool": "batch", "ttft_p99_ms": 5000},
+    "batch": {"priority": 3},
+}
+
+
+def test_more_classes_sit_beside_the_two_and_keep_their_defaults():
+    config = parse_config({"pools": POOLS, "classes": FOUR_CLASSES})
+    assert list(config.classes.by_name()) == ["interactive", "batch", "realtime", "standard"]
+    assert config.classes.interactive.ttft_p99_ms == 500.0, "the default budget stays"
+    assert config.home_pools() == {
+        "interactive": "interactive",
+        "batch": "batch",
+        "realtime": "interactive",
+        "standard": "batch",
+    }
+    table = config.classes.table()
+    assert table.names == ("realtime", "interactive", "standard", "batch")
+    assert [table.priority(n) for n in table.names] == [0, 1, 2, 3]
+    assert table.batch_like == ("batch",)
+    assert build_dispatcher(config).home["realtime"] == "interactive"
+
+
+def test_two_class_configs_keep_their_priorities():
+    table = parse_config({"pools": POOLS}).classes.table()
+    assert (table.names, table.priority("interactive"), table.priority("batch")) == (("interactive", "batch"), 0, 1)
+
+
+@pytest.mark.parametrize(
+    ("classes", "message"),
+    [
+        ({"realtime": {"pool": "interactive"}}, "classes.realtime.priority: a class other than interactive and batch"),
+        ({"Realtime": {"priority": 0}}, "classes.Realtime: a class name is lower-case"),
+        ({"interactve": {"priority": 0}}, "classes.interactve: unknown key; did you mean 'interactive'?"),
+        ({"realtime": {"priority": 0, "kind": "urgent"}}, "classes.realtime.kind: expected one of"),
+        ({"realtime": {"priority": 0, "pool": "gpu"}}, "classes.realtime.pool: no pool named 'gpu'"),
+    ],
+)
+def test_a_bad_extra_class_is_refused_with_its_path(classes, message):
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"pools": POOLS, "classes": classes})
+    assert str(refused.value).startswith(message), str(refused.value)
 
 
 def test_single_pool_serves_both_classes():
@@ -127,6 +173,10 @@ def test_a_misspelt_key_in_any_section_names_the_nearest_known_key(path):
 
 @pytest.mark.parametrize("path", SECTIONS, ids=lambda path: ".".join(path) or "top")
 def test_an_unknown_key_in_any_section_lists_the_known_ones(path):
+    if open_field(section_class(path)) is not None:
+        with pytest.raises(ConfigError, match=r"\bzzz: expected a section"):
+            parse_config(with_value(path, "zzz", 1))
+        return
     known = list(type_hints(section_class(path)))
     with pytest.raises(ConfigError, match=r"\bzzz: unknown key; known keys: ") as refused:
         parse_config(with_value(path, "zzz", 1))

@@ -74,10 +74,10 @@ def test_position_counts_who_would_be_served_first():
     queue.push(req("i1"), 1.0, 0.0)
     queue.push(req("i2"), 3.0, 0.0)
     queue.push(req("b1", BATCH), 2.0, 0.0)
-    assert queue.position(INTERACTIVE, 2.0) == 1  # behind i1 only
-    assert queue.position(INTERACTIVE, 3.0) == 2  # an equal deadline waits its turn
-    assert queue.position(BATCH, 0.5) == 2  # every interactive entry goes first
-    assert queue.position(BATCH, 2.0) == 3
+    assert queue.position(req("i"), 2.0) == 1  # behind i1 only
+    assert queue.position(req("i"), 3.0) == 2  # an equal deadline waits its turn
+    assert queue.position(req("b", BATCH), 0.5) == 2  # every interactive entry goes first
+    assert queue.position(req("b", BATCH), 2.0) == 3
 
 
 def test_an_entry_remembers_when_it_was_queued():

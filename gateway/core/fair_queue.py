@@ -1,0 +1,236 @@
+"""Weighted fair queueing among the tenants of one class: start-time fair queueing (SFQ).
+
+Rules:
+- Each tenant waits in its own line, earliest start deadline first, then arrival (the order
+  the pool's queue had before tenants).
+- Among tenants, the line whose tenant has the smallest start tag goes next (ties: the earlier
+  deadline, then arrival). Starting a request moves its tenant's tag on by the request's cost
+  (predicted prompt + decode tokens) divided by the tenant's weight, and sets the queue's
+  virtual time to the tag it started at. A tenant that was idle comes back at the virtual
+  time: idleness earns no credit, so a returning tenant can neither starve the others nor
+  be starved by their history.
+- Work-conserving: a tenant that may not start now (at its concurrency cap) is passed over;
+  it never blocks the others, and nobody waits while someone eligible is queued.
+- Settling with the real token count when a request ends refunds over-predicted decode and
+  charges the under-predicted, never below the virtual time.
+- With fairness off the lines are merged by deadline alone (one queue, earliest deadline
+  first), tags are kept but not used: the contrast run, and caps still hold per tenant.
+- Removing a waiting request (cancelled, expired, shed) charges nothing.
+- When the queue empties, a busy period ends: the virtual time moves to the highest tag and
+  every tenant is forgotten (nobody contends, so no debt is worth keeping). The state is
+  bounded by the tenants active in the current busy period, never by the tenants ever seen.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True, order=True)
+class Waiting(Generic[T]):
+    deadline: float
+    arrival: float
+    seq: int
+    key: str = field(compare=False)
+    tenant: str = field(compare=False)
+    cost: float = field(compare=False)
+    item: T = field(compare=False)
+    enqueued: float = field(compare=False, default=0.0)
+    cancelled: bool = field(compare=False, default=False)
+
+    @property
+    def request(self) -> T:
+        return self.item
+
+
+@dataclass(slots=True)
+class _Tenant(Generic[T]):
+    weight: float = 1.0
+    tag: float = 0.0
+    line: list[Waiting[T]] = field(default_factory=list)
+    live: dict[str, Waiting[T]] = field(default_factory=dict)
+    queued_cost: float = 0.0
+
+    def head(self) -> Waiting[T] | None:
+        line = self.line
+        while line and line[0].cancelled:
+            heapq.heappop(line)
+        return line[0] if line else None
+
+
+class FairQueue(Generic[T]):
+    def __init__(self, fair: bool = True) -> None:
+        self.fair = fair
+        self.vtime = 0.0
+        self._tenants: dict[str, _Tenant[T]] = {}
+        self._where: dict[str, str] = {}
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._where
+
+    def tenants(self) -> dict[str, int]:
+        """Queued requests per tenant."""
+        return {name: len(t.live) for name, t in self._tenants.items() if t.live}
+
+    def entries(self) -> Iterator[Waiting[T]]:
+        for tenant in self._tenants.values():
+            yield from tenant.live.values()
+
+    def push(
+        self,
+        key: str,
+        tenant: str,
+        cost: float,
+        deadline: float,
+        arrival: float,
+        item: T,
+        weight: float = 1.0,
+        now: float = 0.0,
+    ) -> Waiting[T]:
+        if not weight > 0:
+            raise ValueError("a tenant's weight must be positive")
+        state = self._tenants.get(tenant)
+        if state is None:
+            state = self._tenants[tenant] = _Tenant(weight, self.vtime)
+        state.weight = weight
+        if not state.live:
+            state.tag = max(state.tag, self.vtime)
+        entry = Waiting(deadline, arrival, next(self._seq), key, tenant, max(0.0, cost), item, now)
+        heapq.heappush(state.line, entry)
+        state.live[key] = entry
+        state.queued_cost += entry.cost
+        self._where[key] = tenant
+        return entry
+
+    def peek(self, eligible: Callable[[str], bool] | None = None) -> Waiting[T] | None:
+        """The entry that starts next among tenants for which ``eligible`` holds."""
+        best: Waiting[T] | None = None
+        best_key: tuple[float, ...] | None = None
+        for name, state in self._tenants.items():
+            if not state.live or (eligible is not None and not eligible(name)):
+                continue
+            head = state.head()
+            assert head is not None
+            order = (head.deadline, head.arrival, head.seq)
+            rank = (state.tag, *order) if self.fair else order
+            if best_key is None or rank < best_key:
+                best, best_key = head, rank
+        return best
+
+    def take(self, key: str) -> Waiting[T] | None:
+        """Remove ``key`` because it starts now: its tenant is charged."""
+        tenant = self._where.get(key)
+        if tenant is None:
+            return None
+        state = self._tenants[tenant]
+        start = max(state.tag, self.vtime)
+        self.vtime = start
+        state.tag = start + state.live[key].cost / state.weight
+        entry = self._drop(key)
+        self._forget_if_idle(tenant)
+        return entry
+
+    def charge(self, tenant: str, cost: float, weight: float = 1.0) -> None:
+        """A request of ``tenant`` started without waiting: charged as if it had queued."""
+        if not self._where:
+            return
+        state = self._tenants.get(tenant)
+        if state is None:
+            state = self._tenants[tenant] = _Tenant(weight, self.vtime)
+        state.weight = weight
+        start = max(state.tag, self.vtime)
+        state.tag = start + max(0.0, cost) / weight
+        self._forget_if_idle(tenant)
+
+    def settle(self, tenant: str, predicted: float, actual: float) -> None:
+        """A request of ``tenant`` ended having cost ``actual``, not the ``predicted`` it was charged."""
+        state = self._tenants.get(tenant)
+        if state is None:
+            return
+        state.tag = max(self.vtime, state.tag + (actual - predicted) / state.weight)
+        self._forget_if_idle(tenant)
+
+    def remove(self, key: str) -> Waiting[T] | None:
+        """Remove ``key`` without charging (cancelled, expired, shed)."""
+        entry = self._drop(key)
+        if entry is not None:
+            self._forget_if_idle(entry.tenant)
+        return entry
+
+    def _drop(self, key: str) -> Waiting[T] | None:
+        tenant = self._where.pop(key, None)
+        if tenant is None:
+            return None
+        state = self._tenants[tenant]
+        entry = state.live.pop(key)
+        entry.cancelled = True
+        state.queued_cost -= entry.cost
+        if not state.live:
+            state.line.clear()
+            state.queued_cost = 0.0
+        if not self._where:
+            self._end_busy_period()
+        return entry
+
+    def _end_busy_period(self) -> None:
+        self.vtime = max([self.vtime, *(s.tag for s in self._tenants.values())])
+        self._tenants.clear()
+
+    def _forget_if_idle(self, tenant: str) -> None:
+        state = self._tenants.get(tenant)
+        if state is not None and not state.live and state.tag <= self.vtime:
+            del self._tenants[tenant]
+
+    def newest_of_heaviest(self) -> Waiting[T] | None:
+        """The newest entry of the tenant with the most queued cost per weight (the one to shed)."""
+        loaded = [s for s in self._tenants.values() if s.live]
+        if not loaded:
+            return None
+        heaviest = max(loaded, key=lambda s: (s.queued_cost / s.weight, len(s.live)))
+        return heaviest.live[next(reversed(heaviest.live))]
+
+    def ahead(self, tenant: str, deadline: float, eligible: Callable[[str], bool] | None = None) -> int:
+        """About how many queued entries would start before a new one of ``tenant``.
+
+        Its own tenant's entries with an earlier or equal deadline, and of every other tenant those
+        whose tags come before the new entry's (estimated from that tenant's mean queued cost).
+        Tenants for which ``eligible`` is false (at their cap) are not ahead of anyone.
+        """
+        if not self.fair:
+            return sum(
+                1
+                for entry in self.entries()
+                if entry.deadline <= deadline and (entry.tenant == tenant or eligible is None or eligible(entry.tenant))
+            )
+        own = self._tenants.get(tenant)
+        count = 0
+        tag = self.vtime
+        if own is not None:
+            ahead_cost = 0.0
+            for entry in own.live.values():
+                if entry.deadline <= deadline:
+                    count += 1
+                    ahead_cost += entry.cost
+            tag = max(own.tag, self.vtime) + ahead_cost / own.weight
+        for name, state in self._tenants.items():
+            if name == tenant or not state.live or (eligible is not None and not eligible(name)):
+                continue
+            mean = state.queued_cost / len(state.live)
+            start = max(state.tag, self.vtime)
+            if tag < start:
+                continue
+            if mean <= 0:
+                count += len(state.live)
+                continue
+            count += min(len(state.live), int((tag - start) * state.weight / mean) + 1)
+        return count

@@ -1,0 +1,158 @@
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.core.fair_queue import FairQueue
+
+WEIGHTS = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 1.0}
+
+# A scenario: pushes (tenant, cost) interleaved with starts of whatever the queue puts first.
+push = st.tuples(st.sampled_from(sorted(WEIGHTS)), st.integers(min_value=1, max_value=400))
+step = st.one_of(push, st.just("start"))
+
+
+def run(steps):
+    """Play ``steps``; per start: (tenant started, cost, tenants backlogged just before)."""
+    queue: FairQueue[str] = FairQueue()
+    served = []
+    costs: dict[str, int] = {}
+    for n, op in enumerate(steps):
+        if op == "start":
+            backlogged = frozenset(queue.tenants())
+            entry = queue.peek()
+            if entry is None:
+                continue
+            assert queue.take(entry.key) is entry
+            served.append((entry.tenant, entry.cost, backlogged))
+        else:
+            tenant, cost = op
+            queue.push(f"r{n}", tenant, cost, math.inf, float(n), f"r{n}", WEIGHTS[tenant])
+            costs[tenant] = max(costs.get(tenant, 0), cost)
+    return served, costs
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(step, min_size=1, max_size=120))
+def test_shares_follow_weights_within_the_sfq_bound_while_both_are_backlogged(steps):
+    served, most = run(steps)
+    # Over every run of consecutive starts in which tenants i and j both stay backlogged, the work each
+    # got per weight differs by at most one largest request of each per weight (Goyal et al., SFQ).
+    for first in range(len(served)):
+        work: dict[str, float] = {}
+        for last in range(first, len(served)):
+            tenant, cost, _ = served[last]
+            work[tenant] = work.get(tenant, 0.0) + cost
+            both = frozenset.intersection(*(b for _, _, b in served[first : last + 1]))
+            for i in both:
+                for j in both:
+                    gap = work.get(i, 0.0) / WEIGHTS[i] - work.get(j, 0.0) / WEIGHTS[j]
+                    assert gap <= most[i] / WEIGHTS[i] + most[j] / WEIGHTS[j] + 1e-9, (i, j, first, last)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(push, min_size=1, max_size=60), st.lists(push, min_size=1, max_size=60))
+def test_no_tenant_starves_behind_a_flood(flood, trickle):
+    """However much one tenant queues first, another's request starts within a bounded number of starts."""
+    queue: FairQueue[str] = FairQueue()
+    for n, (_, cost) in enumerate(flood):
+        queue.push(f"f{n}", "flood", cost, math.inf, float(n), "f", 1.0)
+    previous = 0
+    for n, (_, cost) in enumerate(trickle):
+        queue.push(f"t{n}", "trickle", cost, math.inf, 1000.0 + n, "t", 1.0)
+        flood_work = 0.0
+        while (entry := queue.peek()) is not None:
+            queue.take(entry.key)
+            if entry.tenant == "trickle":
+                break
+            flood_work += entry.cost
+        # Before each trickle request starts, the flood gets at most what the trickle got last (equal
+        # weights) and one request of its own, however deep its backlog.
+        assert flood_work <= previous + max(c for _, c in flood), (n, flood_work)
+        previous = cost
+
+
+def test_equal_weights_and_costs_alternate_whatever_the_backlog():
+    queue: FairQueue[str] = FairQueue()
+    for n in range(10):
+        queue.push(f"n{n}", "noisy", 100, math.inf, n, "n")
+    for n in range(3):
+        queue.push(f"q{n}", "quiet", 100, math.inf, 10 + n, "q")
+    order = []
+    while (entry := queue.peek()) is not None:
+        queue.take(entry.key)
+        order.append(entry.tenant)
+    assert order[:6] == ["noisy", "quiet"] * 3 or order[:6] == ["quiet", "noisy"] * 3
+    assert order[6:] == ["noisy"] * 7, "work-conserving: the rest goes to whoever is left"
+
+
+def test_a_tenant_at_its_cap_is_passed_over_and_never_blocks_the_others():
+    queue: FairQueue[str] = FairQueue()
+    queue.push("a1", "a", 10, math.inf, 0, "a1")
+    queue.push("b1", "b", 10_000, math.inf, 1, "b1")
+    assert queue.peek().tenant == "a"
+    assert queue.peek(lambda tenant: tenant != "a").tenant == "b"
+    assert queue.peek(lambda tenant: False) is None
+
+
+def test_idleness_earns_no_credit():
+    queue: FairQueue[str] = FairQueue()
+    for n in range(20):
+        queue.push(f"b{n}", "busy", 100, math.inf, n, "b")
+    for _ in range(10):
+        queue.take(queue.peek().key)
+    # A tenant that sat idle while "busy" was served comes back level with it, not ten requests ahead.
+    for n in range(5):
+        queue.push(f"i{n}", "idle", 100, math.inf, 100 + n, "i")
+    order = []
+    for _ in range(4):
+        entry = queue.peek()
+        queue.take(entry.key)
+        order.append(entry.tenant)
+    assert order.count("busy") == 2 and order.count("idle") == 2
+
+
+def test_removing_a_waiting_request_charges_nothing_and_settling_refunds():
+    queue: FairQueue[str] = FairQueue()
+    queue.push("x", "a", 500, math.inf, 0, "x")
+    queue.remove("x")
+    queue.push("y", "b", 100, math.inf, 1, "y")
+    queue.push("z", "a", 100, math.inf, 2, "z")
+    assert queue.peek().key == "y", "a's removed request did not count: tie broken by arrival"
+    queue.charge("a", 1000)
+    assert queue.peek().key == "y"
+    queue.settle("a", 1000, 100)
+    queue.take("y")
+    assert queue.peek().key == "z", "the refund brought a level with b again"
+
+
+def test_state_is_bounded_by_the_tenants_of_the_busy_period():
+    queue: FairQueue[str] = FairQueue()
+    queue.push("keep", "steady", 100, math.inf, 0, "k")
+    for n in range(1000):
+        queue.push(f"r{n}", f"t{n}", 100, math.inf, n, "r")
+        queue.take(f"r{n}")
+    assert len(queue._tenants) == 1001, "debts are kept while the queue is busy"
+    queue.take("keep")
+    assert not queue._tenants, "an empty queue ends the busy period"
+
+
+def test_without_fairness_the_earliest_deadline_goes_first_whoever_queued_it():
+    queue: FairQueue[str] = FairQueue(fair=False)
+    for n in range(5):
+        queue.push(f"n{n}", "noisy", 100, 10.0 + n, n, "n")
+    queue.push("q", "quiet", 100, 20.0, 5, "q")
+    order = []
+    while (entry := queue.peek()) is not None:
+        queue.take(entry.key)
+        order.append(entry.key)
+    assert order == ["n0", "n1", "n2", "n3", "n4", "q"]
+    assert queue.ahead("quiet", 20.0) == 0
+
+
+def test_ahead_counts_only_what_the_tags_put_first():
+    queue: FairQueue[str] = FairQueue()
+    for n in range(50):
+        queue.push(f"n{n}", "noisy", 100, math.inf, n, "n")
+    assert queue.ahead("noisy", math.inf) == 50
+    assert queue.ahead("quiet", math.inf) <= 1, "a new tenant waits for at most one of the flood"
