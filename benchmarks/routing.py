@@ -9,8 +9,9 @@ Two workloads through the gateway's own core (``gateway sim``), 8 simulated engi
 
 Each workload also runs the prefix policy in precise mode (``prefix_precise``: the engines' KV
 cache events instead of the gateway's guess) to show what the guess leaves on the table; and
-Mooncake runs once more through two gateway replicas that share no state (``--replicas 2``),
-where each replica's guess sees only half the traffic but the engines' events reach both.
+Mooncake runs once more through two gateway replicas that share no state (``--replicas 2
+--share off``), where each replica's guess sees only half the traffic but the engines' events
+reach both (``benchmarks/replicas.py`` measures replicas that share their routing).
 
     python benchmarks/routing.py [--minutes M] [--out benchmarks/results/routing]
 
@@ -58,7 +59,17 @@ def main() -> None:
         "mooncake_1x": ["--trace", MOONCAKE, "--rate-scale", "1", *minutes],
         "mooncake_2x": ["--trace", MOONCAKE, "--rate-scale", "2", *minutes],
         "hot_prompts": ["--trace", HOT],
-        "mooncake_1x_2_replicas": ["--trace", MOONCAKE, "--rate-scale", "1", "--replicas", "2", *minutes],
+        "mooncake_1x_2_replicas": [
+            "--trace",
+            MOONCAKE,
+            "--rate-scale",
+            "1",
+            "--replicas",
+            "2",
+            "--share",
+            "off",
+            *minutes,
+        ],
     }
     for name, workload in workloads.items():
         print(f"routing: {name} ...", file=sys.stderr, flush=True)

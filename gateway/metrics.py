@@ -17,6 +17,7 @@ from gateway.core.engines import EngineState
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 TOKEN_BUCKETS = (0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+SHARE_DELAY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
 
 
@@ -78,6 +79,33 @@ class GatewayMetrics:
             "gateway_batch_requests", "Batch job lines finished, by outcome.", ("status",), registry=r
         )
         self.batches = Gauge("gateway_batches", "Batch jobs by status.", ("status",), registry=r)
+        self.share_up = Gauge(
+            "gateway_routing_share_up",
+            "1 while this replica hears the other replicas' routing (prefix.share over Redis), else 0.",
+            registry=r,
+        )
+        self.share_peers = Gauge(
+            "gateway_routing_share_peers", "Other replicas heard on the routing channel lately.", registry=r
+        )
+        self.share_batches = Counter(
+            "gateway_routing_share_batches",
+            "Routing batches: sent, received, dropped (not sent: channel down), missed (gaps in a peer's "
+            "sequence), rejected (malformed, or another block width).",
+            ("event",),
+            registry=r,
+        )
+        self.share_facts = Counter(
+            "gateway_routing_share_facts", "Routing facts sent, and received and applied.", ("direction",), registry=r
+        )
+        self.share_bytes = Counter(
+            "gateway_routing_share_bytes", "Bytes of routing batches sent and received.", ("direction",), registry=r
+        )
+        self.share_delay = Histogram(
+            "gateway_routing_share_delay_seconds",
+            "From a routing batch's sending to its arrival here (wall clocks of two hosts).",
+            buckets=SHARE_DELAY_BUCKETS,
+            registry=r,
+        )
         self.queued_bytes = Gauge(
             "gateway_queued_body_bytes", "Bytes of request bodies waiting in a pool's queue.", ("pool",), registry=r
         )
@@ -143,6 +171,11 @@ class _StateCollector(Collector):
             "Uncached prompt tokens this replica sent to the engine that have not reached their first token.",
             labels=("pool", "engine"),
         )
+        peers = GaugeMetricFamily(
+            "gateway_engine_peer_inflight",
+            "Requests the other replicas last reported in flight to the engine (prefix.share).",
+            labels=("pool", "engine"),
+        )
         lora = GaugeMetricFamily(
             "gateway_engine_lora_adapters",
             "LoRA adapters of the engine: its max_lora slots, and those holding one (vllm:lora_requests_info at the"
@@ -159,6 +192,7 @@ class _StateCollector(Collector):
                 requests.add_metric((*labels, "running"), engine.running)
                 requests.add_metric((*labels, "waiting"), engine.waiting)
             pending.add_metric(labels, engine.pending_prefill)
+            peers.add_metric(labels, engine.peer_inflight)
         ratio = GaugeMetricFamily(
             "gateway_prefix_hit_ratio_estimate",
             "Predicted share of prompt tokens served from engines' prefix caches.",
@@ -166,4 +200,4 @@ class _StateCollector(Collector):
         )
         for pool, value in self.state.prefix_hit_estimates().items():
             ratio.add_metric((pool,), value)
-        yield from (inflight, healthy, limit, depth, ratio, kv, requests, pending, lora)
+        yield from (inflight, healthy, limit, depth, ratio, kv, requests, pending, peers, lora)

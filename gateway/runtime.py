@@ -25,6 +25,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.models import Catalog
 from gateway.placement import Placement
 from gateway.ratelimit import RateLimiter
+from gateway.routing_share import RoutingShare
 from gateway.scheduler import Scheduler
 from gateway.store import open_store
 from gateway.tenant_metrics import TenantMetrics
@@ -147,8 +148,18 @@ class Gateway:
             for name, pool in config.pools.items()
             if pool.kv_events
         }
+        self.routing_share = self._routing_share(config)
         self.monitor.on_watch.append(self._engine_watched)
         self.monitor.on_unwatch.append(self._engine_unwatched)
+
+    def _routing_share(self, config: Config) -> RoutingShare | None:
+        """Replicas on Redis share what they route (``prefix.share``); with ``memory`` there is one replica."""
+        share = config.prefix.share
+        if config.store == "memory" or not share.enabled:
+            return None
+        if not any(pool.policy == "prefix" for pool in config.pools.values()):
+            return None
+        return RoutingShare(config.store, share, self.dispatcher, self.metrics, config.prefix.block_chars)
 
     def _engine_watched(self, engine_id: str, pool: str) -> None:
         feed = self.kv_feeds.get(pool)
@@ -185,6 +196,8 @@ class Gateway:
                 for url in pool.engines:
                     self.monitor.watch(url, name)
         self._poller = asyncio.create_task(self._poll_loop(), name="dispatcher poll")
+        if self.routing_share is not None:
+            self.routing_share.start()
         await self.store.open()
         await self.keys.start()
         self.batches.start()
@@ -199,6 +212,8 @@ class Gateway:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
+        if self.routing_share is not None:
+            await self.routing_share.stop()
         await self.batches.stop()
         await self.keys.stop()
         await self.store.close()

@@ -16,6 +16,7 @@ from gateway.config.sections import (
     PoolConfig,
     PrefixConfig,
     PrefixPolicyConfig,
+    RoutingShareConfig,
     ScrapeConfig,
     UpstreamConfig,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "PrefixConfig",
     "PrefixPolicyConfig",
     "Raw",
+    "RoutingShareConfig",
     "ScrapeConfig",
     "UpstreamConfig",
     "load_config",

@@ -375,6 +375,36 @@ class PrefixPolicyConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RoutingShareConfig:
+    """Replicas on a Redis ``store`` tell each other what they routed, through a Redis pub/sub
+    channel: which engine got each request (with the prompt's block hashes in approximate mode) and
+    their own pending prefill per engine, so every replica's prefix index and view of engine load
+    cover the whole fleet's traffic. Never on a request's path; while the channel is down each
+    replica routes on its own knowledge (``gateway_routing_share_up`` 0). With ``store: memory``
+    there is one replica and nothing to share."""
+
+    enabled: bool = True
+    """Share routing with the other replicas when the store is Redis."""
+    channel: str = "gateway:routing"
+    """Redis pub/sub channel; replicas routing to the same engines use the same one."""
+    interval_s: Annotated[float, Interval(gt=0, le=1)] = 0.005
+    """How often a replica sends what it routed since its last batch."""
+    full_s: Annotated[float, Interval(gt=0, le=60)] = 1.0
+    """How often a replica sends all its pending prefill (also its heartbeat)."""
+    silent_s: Annotated[float, Interval(gt=0, le=600)] = 3.0
+    """A replica not heard from this long no longer counts (it stopped, or the channel broke)."""
+    max_pending: Annotated[int, Ge(1)] = 10_000
+    """Facts kept for the next batch at most; older ones are dropped when the channel cannot keep up."""
+
+    def validated(self) -> RoutingShareConfig:
+        if not self.channel:
+            raise ConfigError("must not be empty", ["channel"])
+        if self.silent_s <= self.full_s:
+            raise ConfigError(f"must be longer than full_s ({self.full_s:g}), got {self.silent_s:g}", ["silent_s"])
+        return self
+
+
+@dataclass(frozen=True, slots=True)
 class PrefixConfig:
     """How prompts are cut into blocks for prefix affinity, and the ``prefix`` policy's tuning."""
 
@@ -384,6 +414,7 @@ class PrefixConfig:
     """Tokens one block stands for when predicting cached tokens in guess mode (vLLM's KV block
     size; precise mode reads the engines' own)."""
     policy: PrefixPolicyConfig = field(default_factory=PrefixPolicyConfig)
+    share: RoutingShareConfig = field(default_factory=RoutingShareConfig)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,7 @@ from gateway.core.queue import DEFAULT_DECODE_TOKENS, WaitQueue
 from gateway.core.reasons import Refusal
 from gateway.core.request import RouteRequest
 from gateway.core.routing import Choice, Policy, make_policy
+from gateway.core.sharing import Batch, EngineLoad, Learned, Peers
 from gateway.core.slots import FullEngine, Running, SlotTimes
 from gateway.core.tenants import TenantLoad
 from gateway.core.ttft_model import TTFTModel
@@ -216,6 +217,9 @@ class Dispatcher:
         self._notices: list[Notice] = []
         self._backfilled: dict[str, list[Dispatch]] = {}
         self._running: dict[str, set[Dispatch]] = {}
+        # Sharing with other replicas (off until ``share_learning``).
+        self._load_changed: set[str] | None = None
+        self.peers = Peers()
         self._reindex(0.0)
 
     # -- topology and health -------------------------------------------------
@@ -264,6 +268,64 @@ class Dispatcher:
         engine = self._engines.get(engine_id)
         if engine is not None:
             self.pools[engine.pool].policy.kv_events(engine_id, events, restarted)
+
+    # -- what replicas tell each other (``core/sharing.py``) -----------------------------------
+
+    def share_learning(self, max_pending: int = 10_000) -> None:
+        """Keep routing facts and load changes for other replicas (``take_learned``)."""
+        if self._load_changed is None:
+            self._load_changed = set()
+        for pool in self.pools.values():
+            share = getattr(pool.policy, "share", None)
+            if share is not None:
+                share(max_pending)
+
+    def take_learned(self, full: bool = False) -> Learned:
+        """What to tell the other replicas since the last call; ``full``: this replica's load on every engine."""
+        facts = [fact for pool in self.pools.values() for fact in getattr(pool.policy, "take_learned", list)()]
+        changed, self._load_changed = self._load_changed or set(), set()
+        engines = self._engines
+        if full:
+            load = {e.id: _own_load(e) for e in engines.values() if e.inflight or e.pending_prefill}
+        else:
+            load = {i: _own_load(engines[i]) for i in changed if i in engines}
+        return Learned(facts, load, full)
+
+    def learn(self, batch: Batch, now: float) -> tuple[int, int]:
+        """Apply another replica's batch: its routing facts teach the prefix policy which blocks the
+        engines hold, its load adds to this replica's view. Engines this replica does not know are
+        ignored. Returns the facts applied and the publisher's batches missed before this one."""
+        missed = self.peers.heard(batch.publisher, batch.sequence, now)
+        # Load first: the facts' prompts are in it, and the index makes room for them by it.
+        known = {e: load for e, load in batch.learned.load.items() if e in self._engines}
+        self._peer_load_changed(self.peers.report(batch.publisher, known, batch.learned.full))
+        applied = 0
+        for fact in batch.learned.facts:
+            engine = self._engines.get(fact.engine)
+            learn = engine is not None and getattr(self.pools[engine.pool].policy, "learn", None)
+            if learn:
+                learn(fact, engine)
+                applied += 1
+        return applied, missed
+
+    def expire_peers(self, now: float, silent_s: float) -> None:
+        """Forget what replicas not heard from within ``silent_s`` said (they stopped, or the channel broke)."""
+        self._peer_load_changed(self.peers.expire(now, silent_s))
+
+    def lost_peers(self) -> None:
+        """The channel is down: route on this replica's own knowledge (and the engines' scrapes) alone."""
+        self._peer_load_changed(self.peers.clear())
+
+    def _peer_load_changed(self, engines: set[str]) -> None:
+        for engine_id in engines:
+            engine = self._engines.get(engine_id)
+            if engine is not None:
+                engine.peer_inflight = self.peers.inflight(engine_id)
+                engine.peer_prefill = self.peers.prefill(engine_id)
+
+    def _load_change(self, engine: EngineState) -> None:
+        if self._load_changed is not None:
+            self._load_changed.add(engine.id)
 
     def queue_depths(self) -> dict[tuple[str, str], int]:
         return {(name, cls): pool.queue.depth(cls) for name, pool in self.pools.items() for cls in self.classes.names}
@@ -503,6 +565,7 @@ class Dispatcher:
         self.tenants.started(req.tenant, req.max_concurrency, req.weight, pool.name)
         prefill = max(0, req.prompt_tokens - choice.predicted_cached_tokens)
         engine.pending_prefill += prefill
+        self._load_change(engine)
         pool.policy.routed(req, choice, now)
         if self.admission.enabled:
             self.limits[engine.id].note_load(engine.load)
@@ -533,11 +596,13 @@ class Dispatcher:
         if dispatch.prefill_tokens:
             dispatch.engine.pending_prefill -= dispatch.prefill_tokens
             dispatch.prefill_tokens = 0
+            self._load_change(dispatch.engine)
 
     def _release(self, dispatch: Dispatch, ok: bool = True) -> None:
         dispatch.done = True
         dispatch.engine.finished(dispatch.request.cls, dispatch.request.adapter)
         self.tenants.finished(dispatch.request.tenant, dispatch.pool)
+        self._load_change(dispatch.engine)
         self._prefilled(dispatch, ok)
         backfilled = self._backfilled.get(dispatch.engine.id)
         if backfilled and dispatch in backfilled:
@@ -645,3 +710,7 @@ class Dispatcher:
         if limit is not None:
             limit.observe_itl(seconds, dispatch.engine.load, now)
             self.pools[dispatch.engine.pool].slots.observe_gap(seconds)
+
+
+def _own_load(engine: EngineState) -> EngineLoad:
+    return EngineLoad(engine.inflight, engine.pending_prefill)

@@ -2,11 +2,15 @@
 
 ``pending_prefill`` counts prompt tokens the engine still has to compute for requests this
 gateway sent it (their uncached part, as predicted), from dispatch to first token: the
-work a new request would queue behind before its own first token.
+work a new request would queue behind before its own first token. ``peer_prefill`` is the same
+for other replicas' requests, as they last reported it.
 
-The gateway's own in-flight count is exact for this replica; the engine's scraped
-``running + waiting`` also counts other replicas' requests. Load combines the two:
-what we have in flight now, plus what others had in flight at the last scrape.
+The gateway's own in-flight count is exact for this replica; other replicas sharing routing
+(``core/sharing.py``) report theirs (``peer_inflight``) every few ms; the engine's scraped
+``running + waiting`` counts everyone's, also clients this gateway never hears of. Load combines
+them: what we have in flight now, plus what the other replicas last reported, plus what else the
+engine had at the last scrape. Without the reports, replicas that see the same scrape (every
+few seconds) all pile onto the engine that looked idle until the next one.
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ class EngineState:
     scraped_at: float | None = None
     routed_total: int = 0
     pending_prefill: int = 0
+    peer_inflight: int = 0
+    peer_inflight_at_scrape: int = 0
+    peer_prefill: int = 0
+    """Pending prefill that other gateway replicas reported for this engine."""
     inflight_by_class: dict[str, int] = field(default_factory=dict)
     models: frozenset[str] | None = None
     """Model and adapter names the engine lists in ``/v1/models``; None until it answered once."""
@@ -63,10 +71,15 @@ class EngineState:
 
     @property
     def load(self) -> float:
-        return self.inflight + self.external_load
+        return self.inflight + self.peer_inflight + self.external_load
+
+    @property
+    def queued_prefill(self) -> int:
+        """Prompt tokens a new request would wait behind: this replica's and the others' reported."""
+        return self.pending_prefill + self.peer_prefill
 
     def apply_scrape(self, m: EngineMetrics, now: float) -> None:
-        self.external_load = max(0.0, m.running + m.waiting - self.inflight_at_scrape)
+        self.external_load = max(0.0, m.running + m.waiting - self.inflight_at_scrape - self.peer_inflight_at_scrape)
         self.kv_usage = m.kv_usage
         self.running = m.running
         self.waiting = m.waiting
@@ -83,6 +96,7 @@ class EngineState:
     def mark_scrape_start(self) -> None:
         """Called when a scrape is sent, so the reply can be compared with what we had in flight."""
         self.inflight_at_scrape = self.inflight
+        self.peer_inflight_at_scrape = self.peer_inflight
 
     def started(self, cls: str, adapter: str | None = None) -> None:
         self.inflight += 1

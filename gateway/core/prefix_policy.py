@@ -8,15 +8,20 @@ Rules:
 - A pinned session (``X-Session-ID``) stays on its engine while that engine is eligible;
   otherwise the pin moves to wherever the request goes.
 - Each eligible engine gets a cost in prompt tokens: the prefill already queued on it
-  (``pending_prefill``), plus this prompt, minus ``cache_weight`` times what it holds of the
-  prompt in cache, plus ``decode_cost_tokens`` per request in flight, plus a penalty that grows
-  with KV cache pressure. A cached token counts ``cache_weight`` times: a hit kept also serves
-  the conversation's next turns, and work not repeated is capacity left for everyone; but a
-  long enough queue still sends the request elsewhere, as waiting behind it costs more.
+  (``queued_prefill``: this replica's, and what other replicas reported), plus this prompt, minus
+  ``cache_weight`` times what it holds of the prompt in cache, plus ``decode_cost_tokens`` per
+  request in flight, plus a penalty that grows with KV cache pressure. A cached token counts
+  ``cache_weight`` times: a hit kept also serves the conversation's next turns, and work not
+  repeated is capacity left for everyone; but a long enough queue still sends the request
+  elsewhere, as waiting behind it costs more.
 - Engines within ``tolerance`` of this prompt's size of the cheapest are equally good: among them the one holding
   the most of the prompt wins, then rendezvous hashing of the prompt's first distinctive
   blocks decides. So a prefix nobody has seen goes to the same engine from every replica
   (when loads are alike), and a conversation's later turns follow its first.
+- The index holds what the engine's cache holds (``num_blocks`` x ``block_size`` tokens) plus the
+  prompts routed there that the engine has not computed yet (``queued_prefill``): recorded at
+  routing, they take no cache space until the engine gets to them, and under a queue the index
+  would otherwise forget, ahead of the engine, what the engine still holds.
 - The engines' real prefix-cache counters keep the index honest: an engine whose real
   hit ratio falls well below what the index predicted gets its modelled capacity shrunk
   (another gateway replica or tenant fills the same cache); a counter that goes backwards
@@ -25,6 +30,11 @@ Rules:
   was routed (under a queue the two sets differ and the index would shrink for nothing),
   and only over a sample of prompt tokens worth ``honesty_share`` of the engine's cache: a
   handful of long prompts says nothing about a cache of a million tokens.
+- Replicas share what routing teaches the index (approximate mode; in precise mode routing
+  teaches it nothing): once ``share`` is on, every record made by routing is also kept as a fact
+  (``RoutedBlocks``) for ``take_learned``, at most ``max_pending`` of them (the oldest are dropped
+  and counted when nobody takes them); ``learn`` applies another replica's fact as if this replica
+  had routed the request itself.
 - LoRA (``lora_aware``): a request for an adapter goes only to engines with a free adapter slot
   for it (``gateway.core.lora``) while any candidate has one, so no engine gets more distinct
   adapters at once than its ``max_lora`` while another has room; and an engine that must swap the
@@ -34,7 +44,7 @@ Rules:
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -46,6 +56,7 @@ from gateway.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, 
 from gateway.core.precise import PreciseIndex
 from gateway.core.request import RouteRequest
 from gateway.core.routing import Choice
+from gateway.core.sharing import RoutedBlocks
 
 
 @dataclass(slots=True)
@@ -106,10 +117,13 @@ class PrefixAffinity:
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self.max_sessions = max_sessions
         self._honesty: dict[str, _Honesty] = {}
+        self._modelled: dict[str, int] = {}
         self.predicted_tokens = 0.0
         self.prompt_tokens = 0.0
         # The highest (load after the choice) / (bound) seen: never above 1 by construction.
         self.max_bound_ratio = 0.0
+        self._outbox: deque[RoutedBlocks] | None = None
+        self.learned_dropped = 0
 
     # -- choice --------------------------------------------------------------------
 
@@ -139,7 +153,7 @@ class PrefixAffinity:
         depths = self.index.match(prefix, [e.id for e in eligible]) if prefix else [0] * len(eligible)
         cached = [self._cached_tokens(req, d) for d in depths]
         costs = [
-            self.queue_weight * e.pending_prefill
+            self.queue_weight * e.queued_prefill
             + req.prompt_tokens
             - self.cache_weight * c
             + self.decode_cost_tokens * e.load
@@ -198,7 +212,13 @@ class PrefixAffinity:
             self._honesty[engine.id] = _Honesty()
             self._sync_capacity(engine)
         if req.prefix and self.precise is None:
+            self._apply_capacity(engine)
             self.index.record(engine.id, req.prefix, req.prompt_tokens, req.block_tokens)
+            outbox = self._outbox
+            if outbox is not None:
+                if len(outbox) == outbox.maxlen:
+                    self.learned_dropped += 1
+                outbox.append(RoutedBlocks(engine.id, tuple(req.prefix), req.prompt_tokens, req.block_tokens))
         if req.session is not None:
             self.sessions[req.session] = engine.id
             self.sessions.move_to_end(req.session)
@@ -206,6 +226,27 @@ class PrefixAffinity:
                 self.sessions.popitem(last=False)
         self.predicted_tokens += choice.predicted_cached_tokens
         self.prompt_tokens += req.prompt_tokens
+
+    # -- sharing with other replicas ---------------------------------------------------------
+
+    def share(self, max_pending: int = 10_000) -> None:
+        """Keep what routing records as facts for other replicas (approximate mode only)."""
+        if self.precise is None and self._outbox is None:
+            self._outbox = deque(maxlen=max(1, max_pending))
+
+    def take_learned(self) -> list[RoutedBlocks]:
+        outbox = self._outbox
+        if not outbox:
+            return []
+        facts = list(outbox)
+        outbox.clear()
+        return facts
+
+    def learn(self, fact: RoutedBlocks, engine: EngineState) -> None:
+        """Apply another replica's fact: ``engine`` now holds these blocks."""
+        if self.precise is None and fact.blocks:
+            self._apply_capacity(engine)
+            self.index.record(engine.id, fact.blocks, fact.prompt_tokens, fact.block_tokens)
 
     def started(self, engine_id: str, predicted_cached_tokens: int, prompt_tokens: int) -> None:
         """The engine has scheduled a request routed with this prediction (its first token came)."""
@@ -217,12 +258,22 @@ class PrefixAffinity:
     def hit_ratio_estimate(self) -> float:
         return self.predicted_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
+    def modelled_capacity(self, engine_id: str) -> int:
+        """Prompt tokens the index takes the engine's cache to keep (its size, less what honesty found)."""
+        return self._modelled.get(engine_id, self.default_capacity_tokens)
+
     def _capacity_tokens(self, engine: EngineState) -> int:
         return engine.num_blocks * engine.block_size if engine.num_blocks else self.default_capacity_tokens
 
     def _sync_capacity(self, engine: EngineState) -> None:
+        self._modelled[engine.id] = self._capacity_tokens(engine)
+        self._apply_capacity(engine)
+
+    def _apply_capacity(self, engine: EngineState) -> None:
+        """The index's capacity: the engine's modelled cache, plus the prompts routed there that it has
+        not computed yet (recorded already, they take no cache space until they are)."""
         if self.precise is None:
-            self.index.set_capacity(engine.id, self._capacity_tokens(engine))
+            self.index.set_capacity(engine.id, self.modelled_capacity(engine.id) + engine.queued_prefill)
 
     def kv_events(self, engine_id: str, events: Sequence[KVEvent], restarted: bool = False) -> None:
         """Apply an engine's KV cache events (precise mode; ignored otherwise)."""
@@ -271,19 +322,21 @@ class PrefixAffinity:
             if d_queries > 0 and self.precise is None:
                 real = d_hits / d_queries
                 predicted = honesty.predicted_tokens / honesty.prompt_tokens
-                capacity = self.index.capacity(engine.id)
+                capacity = self.modelled_capacity(engine.id)
                 full = self._capacity_tokens(engine)
                 if predicted > 0.1 and real < 0.5 * predicted:
                     # The engine keeps less than we model (other tenants, smaller cache): shrink.
-                    self.index.set_capacity(engine.id, max(1024, int(capacity * 0.75)))
+                    self._modelled[engine.id] = max(1024, int(capacity * 0.75))
                 elif capacity < full and real >= 0.8 * predicted:
-                    self.index.set_capacity(engine.id, min(full, int(capacity * 1.25) + 1))
+                    self._modelled[engine.id] = min(full, int(capacity * 1.25) + 1)
+                self._apply_capacity(engine)
         honesty.last_queries, honesty.last_hits = queries, hits
         honesty.predicted_tokens = honesty.prompt_tokens = 0.0
 
     def forget(self, engine_id: str) -> None:
         self.index.forget(engine_id)
         self._honesty.pop(engine_id, None)
+        self._modelled.pop(engine_id, None)
         for session in [s for s, e in self.sessions.items() if e == engine_id]:
             del self.sessions[session]
 

@@ -57,6 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-blocks", type=int, default=None, help="override the profile's KV cache blocks")
     p.add_argument("--max-model-len", type=int, default=None, help="override the profile's max_model_len")
     p.add_argument("--no-oracle", action="store_true", help="skip the pooled-cache ceilings (faster)")
+    p.add_argument("--replicas", type=int, default=1, help="gateway replicas, arrivals spread round robin")
     p.add_argument(
         "--counterfactual",
         type=int,
@@ -65,8 +66,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="judge up to N refusals per class by replaying them admitted (0: skip; costs one more run)",
     )
     p.add_argument(
-        "--replicas", type=int, default=1, help="gateway replicas sharing no state, arrivals spread round robin"
+        "--share",
+        choices=("on", "off"),
+        default="on",
+        help="replicas share what their prefix index learns, as they do on a Redis store (off: as with no store)",
     )
+    p.add_argument(
+        "--share-delay-ms", type=float, default=2.0, help="from a batch of learned facts sent to its arrival"
+    )
+    p.add_argument("--share-interval-ms", type=float, default=5.0, help="a replica sends what it learned this often")
     p.add_argument(
         "--policy-option",
         action="append",
@@ -180,6 +188,9 @@ def build_setup(args: argparse.Namespace, policy: str, classes: set[str]) -> Clu
         "seed": args.seed,
         "policy_options": _policy_options(args),
         "replicas": args.replicas,
+        "share": args.share == "on",
+        "share_delay_s": args.share_delay_ms / 1000,
+        "share_interval_s": args.share_interval_ms / 1000,
         "engines_per_device": args.engines_per_device,
     }
     profiles = _split(args.profile, (INTERACTIVE, BATCH))

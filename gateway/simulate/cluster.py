@@ -21,9 +21,13 @@ Rules:
 - LoRA (a pool's ``lora_adapters``): its engines run with ``enable_lora`` and those adapters in
   their CPU cache; a trace request's ``adapter`` is its model, and it is scraped back as vLLM's
   ``vllm:lora_requests_info`` (the newest series).
-- ``replicas`` gateway replicas that share no state (as with ``store: memory``, or routing
-  state, which is never shared) each get every other arrival, as a Service spreads
-  connections; each scrapes every engine and sees only its own requests in flight.
+- ``replicas`` gateway replicas each get every Nth arrival, as a Service spreads connections;
+  each scrapes every engine and sees only its own requests in flight.
+- With ``share`` on (the server's default on a Redis store), replicas tell each other what they
+  routed and their pending prefill (``gateway/core/sharing.py``) as the server does over Redis:
+  what a replica has to tell is sent in one batch at the next multiple of ``share_interval_s`` and
+  reaches every other replica ``share_delay_s`` later; every ``share_full_s`` each replica sends
+  all its pending prefill. The bytes are counted as the server would send them (``encode``).
 - What if: for each request id in ``what_if``, at its arrival the whole cluster is copied and,
   in the copy, that request is admitted whatever admission says; the copy runs until it and
   every request with a latency budget that was alive while it ran have ended, and their records
@@ -64,10 +68,11 @@ from gateway.core.precise import DEFAULT_MAX_BLOCKS as PRECISE_MAX_BLOCKS
 from gateway.core.precise import token_block_hashes
 from gateway.core.prefix import chain_seed, hash_blocks
 from gateway.core.request import RouteRequest
+from gateway.core.sharing import Batch, Learned, encode
 from gateway.simulate.traces import TraceRequest
 
 MODEL = "sim-model"
-_ARRIVAL, _STEP_END, _POLL, _SCRAPE, _ENGINE_ADD = 0, 1, 2, 3, 4
+_ARRIVAL, _STEP_END, _POLL, _SCRAPE, _ENGINE_ADD, _SHARE_SEND, _SHARE_ARRIVE, _SHARE_FULL = range(8)
 
 
 @dataclass(slots=True)
@@ -101,6 +106,11 @@ class ClusterSetup:
     policy_options: dict[str, Any] = field(default_factory=dict)
     replicas: int = 1
     engines_per_device: int = 1
+    share: bool = True
+    share_interval_s: float = 0.005
+    share_delay_s: float = 0.002
+    share_full_s: float = 1.0
+    share_silent_s: float = 3.0
 
 
 @dataclass(slots=True, eq=False)
@@ -204,6 +214,13 @@ class Cluster:
             for _ in range(max(1, setup.replicas))
         ]
         self._next_replica = itertools.count()
+        self.sharing = setup.share and setup.policy == "prefix" and len(self.dispatchers) > 1
+        if self.sharing:
+            for dispatcher in self.dispatchers:
+                dispatcher.share_learning()
+        self._outgoing: list[Learned | None] = [None for _ in self.dispatchers]
+        self._sequence = [0 for _ in self.dispatchers]
+        self.share_stats = {"batches": 0, "facts": 0, "bytes": 0, "applied": 0}
         self.records: dict[str, Record] = {}
         self._events: list[tuple[float, int, int, Any]] = []
         self._order = itertools.count()
@@ -237,11 +254,14 @@ class Cluster:
                 self._flood_one(0.0)
         self._at(0.0, _POLL, None)
         self._at(0.0, _SCRAPE, None)
+        if self.sharing:
+            self._at(self.setup.share_full_s, _SHARE_FULL, None)
         self._advance(lambda: False)
         return {
             "records": self.records,
             "engines": self.engines,
             "duration_s": self.now,
+            "share": self._share_summary(),
             # Replica 0's policies: the report reads their load-bound record.
             "policies": {name: pool.policy for name, pool in self.dispatchers[0].pools.items()},
         }
@@ -267,6 +287,16 @@ class Cluster:
                 self._scrape()
                 if self._busy():
                     self._at(t + self.setup.scrape_s, _SCRAPE, None)
+            elif kind == _SHARE_SEND:
+                self._share_send(data)
+            elif kind == _SHARE_ARRIVE:
+                self._share_arrive(data)
+            elif kind == _SHARE_FULL:
+                self._share_full()
+                if self._busy():
+                    self._at(t + self.setup.share_full_s, _SHARE_FULL, None)
+            if self.sharing:
+                self._collect_learned()
 
     def _busy(self) -> bool:
         # Queued requests alone do not keep the clock going: with no arrival to come and every
@@ -473,6 +503,59 @@ class Cluster:
         if rec.flood:
             self._flood_open -= 1
             self._flood_one(self.now)
+
+    # -- replicas sharing what they learn ---------------------------------------------------
+
+    def _collect_learned(self, full: bool = False) -> None:
+        interval = self.setup.share_interval_s
+        for replica, dispatcher in enumerate(self.dispatchers):
+            learned = dispatcher.take_learned(full)
+            if not learned:
+                continue
+            waiting = self._outgoing[replica]
+            if waiting is None:
+                self._outgoing[replica] = learned
+                send_at = math.floor(self.now / interval + 1) * interval if interval > 0 else self.now
+                self._at(send_at, _SHARE_SEND, replica)
+            else:
+                waiting.merge(learned)
+
+    def _share_full(self) -> None:
+        """Every replica's heartbeat: all its pending prefill; and receivers forget the silent."""
+        self._collect_learned(full=True)
+        for dispatcher in self.dispatchers:
+            dispatcher.expire_peers(self.now, self.setup.share_silent_s)
+
+    def _share_send(self, replica: int) -> None:
+        learned, self._outgoing[replica] = self._outgoing[replica], None
+        assert learned is not None
+        self._sequence[replica] += 1
+        batch = Batch(replica.to_bytes(16, "big"), self._sequence[replica], self.now, 64, learned)
+        stats = self.share_stats
+        stats["batches"] += 1
+        stats["facts"] += len(learned.facts)
+        stats["bytes"] += len(encode(batch))
+        self._at(self.now + self.setup.share_delay_s, _SHARE_ARRIVE, (replica, batch))
+
+    def _share_arrive(self, data: tuple[int, Batch]) -> None:
+        sender, batch = data
+        for replica, dispatcher in enumerate(self.dispatchers):
+            if replica != sender:
+                self.share_stats["applied"] += dispatcher.learn(batch, self.now)[0]
+
+    def _share_summary(self) -> dict[str, Any] | None:
+        if not self.sharing:
+            return None
+        span = max(self.end_of_arrivals, 1e-9)
+        stats = self.share_stats
+        return {
+            **stats,
+            "interval_ms": self.setup.share_interval_s * 1000,
+            "delay_ms": self.setup.share_delay_s * 1000,
+            "full_every_s": self.setup.share_full_s,
+            "published_bytes_per_s": round(stats["bytes"] / span, 1),
+            "received_bytes_per_s_per_replica": round(stats["bytes"] * (1 - 1 / len(self.dispatchers)) / span, 1),
+        }
 
     def _scrape(self) -> None:
         for engine in self.engines.values():

@@ -139,6 +139,8 @@ def summarize(setup: ClusterSetup, result: dict[str, Any], oracle: bool = True) 
         ratio = getattr(spec, "max_bound_ratio", None)
         if ratio is not None:
             summary["by_pool"][name]["max_load_over_bound"] = round(ratio, 4)
+    if result.get("share") is not None:
+        summary["share"] = result["share"]
     summary["duration_s"] = round(duration, 2)
     summary["window_s"] = round(window[1] - window[0], 2)
     return summary

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 PROFILES = REPO / "engines" / "profiles"
 POOLS = ("interactive", "batch")
-OVERLAYS = ("eks", "sim")
+OVERLAYS = ("eks", "eks-precise", "sim")
 NAMESPACE = "llm"
 
 Manifest = dict[str, Any]

@@ -97,7 +97,7 @@ def test_references_resolve(overlay: str) -> None:
     documented out-of-band Secret (never in the sim overlay, which must run as is)."""
     docs = render(overlay)
     present = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    external = EXTERNAL_SECRETS if overlay == "eks" else set()
+    external = EXTERNAL_SECRETS if overlay.startswith("eks") else set()
     for workload in workloads(docs):
         spec = pod_spec(workload)
         for volume in spec.get("volumes", []):

@@ -144,7 +144,7 @@ def test_engine_restart_clears_what_the_index_believed(queries):
 
 
 def _cache_of(d: Dispatcher, engine_id: str) -> int:
-    return d.pools["interactive"].policy.index.capacity(engine_id)
+    return d.pools["interactive"].policy.modelled_capacity(engine_id)
 
 
 def _scrape_all(d: Dispatcher, now: float, queries: int = 0, hits: int = 0) -> None:
@@ -189,3 +189,21 @@ def test_index_keeps_its_capacity_on_too_small_a_sample_or_requests_not_yet_star
     _repeat_turns(d, 10, 12, finish=False)
     _scrape_all(d, 30.0, queries=200, hits=0)
     assert all(_cache_of(d, engine) == 1600 for engine in ENGINES)
+
+
+def test_prompts_the_engine_has_not_computed_yet_take_no_room_in_the_modelled_cache():
+    d = Dispatcher([PoolSpec("interactive", ENGINES[:1], policy="prefix")])
+    _scrape_all(d, 0.0)  # a cache of 1,600 tokens
+    index = d.pools["interactive"].policy.index
+    texts = [f"<prompt {i}> " + f"distinct words of prompt {i} " * 200 for i in range(5)]
+    queued = [d.submit(request(i, texts[i]), 1.0).answer for i in range(4)]
+    assert sum(out.request.prompt_tokens for out in queued) > 2 * 1600
+    # Queued behind each other, none computed yet: the engine still holds whatever it held, and will
+    # hold each of them once computed, so the index forgets none of them.
+    for i, out in enumerate(queued):
+        assert index.match(out.request.prefix, ENGINES[:1]) == [len(out.request.prefix)], i
+    for out in queued:
+        d.observe_ttft(out, 0.5, 1.5)
+    later = d.submit(request(4, texts[4]), 2.0).answer
+    assert index.used(ENGINES[0]) <= 1600 + later.prefill_tokens
+    assert index.match(queued[0].request.prefix, ENGINES[:1]) == [0]

@@ -187,6 +187,33 @@ def test_engines_on_one_device_wait_for_each_other():
     assert together[1] == pytest.approx(apart[1] + 0.0512 - 0.010, abs=1e-3)
 
 
+def _replicas(share: str, *options: str) -> tuple[Cluster, dict]:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv = ["--engines", "4", "--profile", "h200-32b-fp8", "--admission", "off", "--replicas", "2", "--share", share]
+    cluster = Cluster(build_setup(parser.parse_args([*argv, *options]), "prefix", {"interactive"}))
+    return cluster, cluster.run(load_trace(MOONCAKE, "interactive", minutes=2))
+
+
+def test_replicas_that_share_at_once_hold_the_same_index_and_one_view_of_load():
+    cluster, out = _replicas("on", "--share-delay-ms", "0", "--share-interval-ms", "0")
+    a, b = (d.pools["interactive"].policy.index for d in cluster.dispatchers)
+    assert len(a._holders) > 10_000 and a._holders == b._holders
+    routed = sum(1 for r in out["records"].values() if r.dispatch is not None)
+    assert out["share"]["facts"] == out["share"]["applied"] == routed
+    assert out["share"]["bytes"] > routed * 8
+    # Nothing in flight at the end, as every replica heard it.
+    for dispatcher in cluster.dispatchers:
+        assert all(e.peer_inflight == 0 and e.peer_prefill == 0 for e in dispatcher.engines())
+
+
+def test_replicas_that_share_nothing_each_know_only_their_own_routing():
+    cluster, out = _replicas("off")
+    a, b = (d.pools["interactive"].policy.index for d in cluster.dispatchers)
+    assert out["share"] is None
+    assert a._holders != b._holders
+
+
 def _lora_cluster(lora_aware: bool):
     from engines.sim.profile import load_profile
     from gateway.core.dispatcher import AdmissionSettings

@@ -1,0 +1,287 @@
+"""What gateway replicas tell each other about their routing, as plain data.
+
+Rules:
+- A replica's prefix index and its view of engine load come from its own routing; another
+  replica's requests reach it only through engine scrapes (load, every few seconds) or never (what
+  the approximate index guesses). Replicas therefore share two things, in batches a few ms apart:
+  - facts (``RoutedBlocks``): "I sent this engine a request whose prompt's leading blocks hash to
+    these" (approximate mode; in precise mode the engines' own events say what they hold);
+  - their own load per engine (``EngineLoad``): requests in flight, and pending prefill (uncached
+    prompt tokens sent that have not reached their first token: the queue a new request would wait
+    behind).
+- Applying a fact does to the index what routing the request did: record the blocks on the engine,
+  most recently used. A fact applied twice, or late, only refreshes blocks the engine was said to
+  hold; the index's capacity bound (LRU, in tokens) keeps memory bounded whatever arrives.
+- Load is sent as absolute values, never as increments, so nothing lost or repeated can make it
+  drift: a batch lists the engines whose load changed since the previous batch, and a full batch
+  (every second, also the publisher's heartbeat) lists every engine with any; the engines a full
+  batch leaves out have none. A publisher not heard from within ``silent_s`` counts for nothing.
+- A batch carries its publisher's id, a sequence number (a receiver that sees a gap knows it
+  missed batches), the send time (for measuring the channel's delay only) and the block width in
+  characters (replicas that hash prompts differently must not mix their blocks).
+- On the wire a batch is versioned binary: the header, the engine ids once, each fact's engine
+  index, prompt tokens, block tokens and block hashes as unsigned 64-bit integers, then the load
+  entries. ``decode`` refuses anything malformed or past the limits below with
+  ``ValueError``.
+- Every table here is bounded: at most ``max_peers`` publishers (the one heard from least
+  recently is forgotten first) and, per publisher, only engines it has load on.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+FORMAT = 1
+PUBLISHER_BYTES = 16
+MAX_FACTS = 65_535
+MAX_BLOCKS = 65_535
+MAX_ENGINES = 4096
+MAX_ENGINE_ID_BYTES = 2048
+
+# format, flags, publisher, sequence, sent_at, block_chars, engines
+_HEADER = struct.Struct("<BB16sQdHH")
+_LENGTH = struct.Struct("<H")
+_COUNT = struct.Struct("<I")
+_FACT = struct.Struct("<HIHH")  # engine index, prompt tokens, block tokens, blocks
+_LOAD = struct.Struct("<HII")  # engine index, in flight, pending prefill tokens
+_FULL = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedBlocks:
+    """A request went to ``engine``; it holds the leading prompt blocks ``blocks`` (none in precise mode)."""
+
+    engine: str
+    blocks: tuple[int, ...]
+    prompt_tokens: int
+    block_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """One replica's own load on an engine."""
+
+    inflight: int = 0
+    prefill: int = 0
+    """Uncached prompt tokens sent that have not reached their first token."""
+
+    def __bool__(self) -> bool:
+        return bool(self.inflight or self.prefill)
+
+
+@dataclass(slots=True)
+class Learned:
+    """What one replica has to tell the others since its previous batch."""
+
+    facts: list[RoutedBlocks] = field(default_factory=list)
+    load: dict[str, EngineLoad] = field(default_factory=dict)
+    """The publisher's own load per engine (absolute values)."""
+    full: bool = False
+    """``load`` names every engine the publisher has load on; the rest have none."""
+
+    def __bool__(self) -> bool:
+        return bool(self.facts or self.load or self.full)
+
+    def merge(self, later: Learned) -> None:
+        """Fold a later ``Learned`` of the same publisher into this one (its values win)."""
+        self.facts.extend(later.facts)
+        if later.full:
+            self.load = dict(later.load)
+            self.full = True
+        else:
+            self.load.update(later.load)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    publisher: bytes
+    sequence: int
+    sent_at: float
+    block_chars: int
+    learned: Learned
+
+
+def encode(batch: Batch) -> bytes:
+    if len(batch.publisher) != PUBLISHER_BYTES:
+        raise ValueError(f"publisher id must be {PUBLISHER_BYTES} bytes")
+    learned = batch.learned
+    engines: dict[str, int] = {}
+    for fact in learned.facts:
+        engines.setdefault(fact.engine, len(engines))
+    for engine in learned.load:
+        engines.setdefault(engine, len(engines))
+    if len(learned.facts) > MAX_FACTS or len(engines) > MAX_ENGINES:
+        raise ValueError("too many facts or engines for one batch")
+    flags = _FULL if learned.full else 0
+    parts = [
+        _HEADER.pack(
+            FORMAT, flags, batch.publisher, batch.sequence, batch.sent_at, min(batch.block_chars, 0xFFFF), len(engines)
+        )
+    ]
+    for engine in engines:
+        raw = engine.encode()[:MAX_ENGINE_ID_BYTES]
+        parts += [_LENGTH.pack(len(raw)), raw]
+    parts.append(_COUNT.pack(len(learned.facts)))
+    for fact in learned.facts:
+        blocks = fact.blocks[:MAX_BLOCKS]
+        parts.append(
+            _FACT.pack(
+                engines[fact.engine], min(fact.prompt_tokens, 0xFFFFFFFF), min(fact.block_tokens, 0xFFFF), len(blocks)
+            )
+        )
+        parts.append(struct.pack(f"<{len(blocks)}Q", *blocks))
+    parts.append(_COUNT.pack(len(learned.load)))
+    for engine, load in learned.load.items():
+        parts.append(_LOAD.pack(engines[engine], _u32(load.inflight), _u32(load.prefill)))
+    return b"".join(parts)
+
+
+def decode(data: bytes) -> Batch:
+    view = memoryview(data)
+    try:
+        fmt, flags, publisher, sequence, sent_at, block_chars, n_engines = _HEADER.unpack_from(view, 0)
+        if fmt != FORMAT:
+            raise ValueError(f"unknown format {fmt}")
+        at = _HEADER.size
+        engines = []
+        for _ in range(n_engines):
+            (size,) = _LENGTH.unpack_from(view, at)
+            at += _LENGTH.size
+            if size > MAX_ENGINE_ID_BYTES or at + size > len(view):
+                raise ValueError("engine id out of bounds")
+            engines.append(bytes(view[at : at + size]).decode())
+            at += size
+        (n_facts,) = _COUNT.unpack_from(view, at)
+        at += _COUNT.size
+        if n_facts > MAX_FACTS:
+            raise ValueError("too many facts")
+        facts = []
+        for _ in range(n_facts):
+            index, prompt_tokens, block_tokens, n_blocks = _FACT.unpack_from(view, at)
+            at += _FACT.size
+            if index >= n_engines or block_tokens == 0 or at + 8 * n_blocks > len(view):
+                raise ValueError("fact out of bounds")
+            blocks = struct.unpack_from(f"<{n_blocks}Q", view, at)
+            at += 8 * n_blocks
+            facts.append(RoutedBlocks(engines[index], blocks, prompt_tokens, block_tokens))
+        (n_loads,) = _COUNT.unpack_from(view, at)
+        at += _COUNT.size
+        if n_loads > n_engines:
+            raise ValueError("too many load entries")
+        load = {}
+        for _ in range(n_loads):
+            index, inflight, prefill = _LOAD.unpack_from(view, at)
+            at += _LOAD.size
+            if index >= n_engines:
+                raise ValueError("load entry out of bounds")
+            load[engines[index]] = EngineLoad(inflight, prefill)
+        if at != len(view):
+            raise ValueError("trailing bytes")
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ValueError(f"malformed batch: {exc}") from None
+    return Batch(bytes(publisher), sequence, sent_at, block_chars, Learned(facts, load, bool(flags & _FULL)))
+
+
+def _u32(value: int) -> int:
+    return max(0, min(value, 0xFFFFFFFF))
+
+
+@dataclass(slots=True)
+class _Peer:
+    sequence: int
+    heard_at: float
+    load: dict[str, EngineLoad] = field(default_factory=dict)
+
+
+class Peers:
+    """Other replicas as heard through the channel: their sequence numbers and their load."""
+
+    def __init__(self, max_peers: int = 1024) -> None:
+        self.max_peers = max_peers
+        self._peers: OrderedDict[bytes, _Peer] = OrderedDict()
+        self._inflight: dict[str, int] = {}
+        self._prefill: dict[str, int] = {}
+
+    def heard(self, publisher: bytes, sequence: int, now: float) -> int:
+        """Note a batch; answer how many of this publisher's batches were missed before it."""
+        peer = self._peers.get(publisher)
+        if peer is None:
+            peer = self._peers[publisher] = _Peer(sequence, now)
+            missed = 0  # the first batch heard from it: nothing is known missing
+        else:
+            missed = max(0, sequence - peer.sequence - 1)
+            peer.sequence = max(sequence, peer.sequence)
+            peer.heard_at = now
+        self._peers.move_to_end(publisher)
+        while len(self._peers) > self.max_peers:
+            _, gone = self._peers.popitem(last=False)
+            self._drop(gone)
+        return missed
+
+    def report(self, publisher: bytes, load: dict[str, EngineLoad], full: bool) -> set[str]:
+        """A publisher's load (after ``heard``); returns the engines whose totals changed."""
+        peer = self._peers.get(publisher)
+        if peer is None:
+            return set()
+        changed = set()
+        if full:
+            for engine in set(peer.load) - set(load):
+                changed.add(engine)
+                self._add(engine, peer.load.pop(engine), -1)
+        for engine, new in load.items():
+            old = peer.load.get(engine, _NONE)
+            if new != old:
+                changed.add(engine)
+                self._add(engine, old, -1)
+                self._add(engine, new, 1)
+                if new:
+                    peer.load[engine] = new
+                else:
+                    peer.load.pop(engine, None)
+        return changed
+
+    def expire(self, now: float, silent_s: float) -> set[str]:
+        """Forget publishers not heard from within ``silent_s``; returns the engines whose totals changed."""
+        changed: set[str] = set()
+        for publisher in [p for p, peer in self._peers.items() if now - peer.heard_at > silent_s]:
+            changed |= self._drop(self._peers.pop(publisher))
+        return changed
+
+    def clear(self) -> set[str]:
+        """The channel was lost: nobody is heard any more."""
+        changed: set[str] = set()
+        for peer in self._peers.values():
+            changed |= self._drop(peer)
+        self._peers.clear()
+        return changed
+
+    def inflight(self, engine: str) -> int:
+        return self._inflight.get(engine, 0)
+
+    def prefill(self, engine: str) -> int:
+        return self._prefill.get(engine, 0)
+
+    def active(self, now: float, within_s: float) -> int:
+        """Publishers heard from within the last ``within_s`` seconds."""
+        return sum(1 for peer in self._peers.values() if now - peer.heard_at <= within_s)
+
+    def _drop(self, peer: _Peer) -> set[str]:
+        for engine, load in peer.load.items():
+            self._add(engine, load, -1)
+        changed = set(peer.load)
+        peer.load.clear()
+        return changed
+
+    def _add(self, engine: str, load: EngineLoad, sign: int) -> None:
+        for totals, value in ((self._inflight, load.inflight), (self._prefill, load.prefill)):
+            if value:
+                total = totals.get(engine, 0) + sign * value
+                if total:
+                    totals[engine] = total
+                else:
+                    totals.pop(engine, None)
+
+
+_NONE = EngineLoad()
