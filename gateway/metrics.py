@@ -150,7 +150,7 @@ class _StateCollector(Collector):
         )
         limit = GaugeMetricFamily(
             "gateway_engine_concurrency_limit",
-            "Adaptive concurrency limit of an engine as admission applies it: the lowest any replica learned, "
+            "Adaptive concurrency limit of an engine as admission applies it: the mean of the replicas' learned, "
             "or this replica's safe share of it while the routing channel is down.",
             labels=("pool", "engine"),
         )

@@ -31,8 +31,11 @@ Rules:
 - When a queue is full, the newest batch request of the heaviest batch tenant is shed to make
   room; a batch request that finds the queue full of interactive work is refused.
 - Replicas sharing their load (``core/sharing.py``) admit fleet-wide: an engine's room is its
-  limit, the lowest that this replica or any other heard learned for it, less everyone's in-flight
-  requests there. While the channel is down (``lost_peers``), each replica fills at most its safe
+  limit, the mean of those this replica and the others heard learned for it, less everyone's
+  in-flight requests there. Each replica learns from its own requests' gaps only, a share of the
+  engine's, and the replicas' limits step up and down out of phase: the minimum of such estimates
+  stays below what one replica seeing every gap learns (``benchmarks/fleet_admission.py``), the
+  mean does not. While the channel is down (``lost_peers``), each replica fills at most its safe
   share of the limit with its own requests (``safe_share``), until it is back (``share_resumed``)
   and settled (``settle_share``).
 - Time is always an argument: the HTTP layer passes the wall clock, the simulator a
@@ -341,10 +344,10 @@ class Dispatcher:
             if engine is not None:
                 engine.peer_inflight = self.peers.inflight(engine_id)
                 engine.peer_prefill = self.peers.prefill(engine_id)
-                engine.peer_limit = self.peers.limit(engine_id)
+                engine.peer_limits = self.peers.limits(engine_id)
                 own = self.limits.get(engine_id)
-                if own is not None and engine.peer_limit is not None:
-                    own.adopt(engine.peer_limit)
+                if own is not None and engine.peer_limits:
+                    own.adopt(sum(engine.peer_limits) / len(engine.peer_limits))
 
     def _load_change(self, engine: EngineState) -> None:
         if self._load_changed is not None:
@@ -375,8 +378,8 @@ class Dispatcher:
 
     def _fleet_limit(self, engine: EngineState) -> float:
         own = self.limits[engine.id].limit
-        peer = engine.peer_limit
-        return own if peer is None else min(own, peer)
+        peers = engine.peer_limits
+        return own if not peers else (own + sum(peers)) / (1 + len(peers))
 
     def _capacity(self, engine: EngineState) -> tuple[float, float]:
         """(load counted, limit) for admission: everyone's load against the fleet's limit, or in the

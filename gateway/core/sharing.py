@@ -9,7 +9,8 @@ Rules:
   - their own load per engine (``EngineLoad``): requests in flight, pending prefill (uncached
     prompt tokens sent that have not reached their first token: the queue a new request would wait
     behind), and the concurrency limit the replica learned for the engine (0: none; every replica
-    admits against the lowest one heard, so the fleet puts no more on an engine than one would).
+    admits against the mean of those heard and its own, so all agree on one limit and the fleet
+    puts no more on an engine than one replica would).
 - Applying a fact does to the index what routing the request did: record the blocks on the engine,
   most recently used. A fact applied twice, or late, only refreshes blocks the engine was said to
   hold; the index's capacity bound (LRU, in tokens) keeps memory bounded whatever arrives.
@@ -264,10 +265,9 @@ class Peers:
     def inflight(self, engine: str) -> int:
         return self._inflight.get(engine, 0)
 
-    def limit(self, engine: str) -> float | None:
-        """The lowest limit the publishers heard learned for ``engine`` (None: nobody reported one)."""
-        limits = [peer.load[engine].limit for peer in self._peers.values() if engine in peer.load]
-        return min((x for x in limits if x > 0), default=None)
+    def limits(self, engine: str) -> tuple[float, ...]:
+        """The limits the publishers heard learned for ``engine``."""
+        return tuple(x for peer in self._peers.values() if engine in peer.load and (x := peer.load[engine].limit) > 0)
 
     def prefill(self, engine: str) -> int:
         return self._prefill.get(engine, 0)

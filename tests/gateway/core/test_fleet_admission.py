@@ -1,4 +1,4 @@
-"""Admission across replicas: everyone's in-flight against the fleet's lowest learned limit, and the
+"""Admission across replicas: everyone's in-flight against the mean of the limits the replicas learned, and the
 safe share of it while the channel is down."""
 
 from gateway.core.classes import INTERACTIVE, Budget
@@ -48,14 +48,16 @@ def test_the_others_in_flight_count_against_the_limit():
     assert started(start(b, 3)) == 1  # a's 3 and b's 1 fill the engine's 4
 
 
-def test_every_replica_admits_against_the_lowest_limit_learned():
-    a, b = replica(), replica()
+def test_every_replica_admits_against_the_mean_of_the_limits_learned():
+    a, b, c = replica(), replica(), replica()
     learned(a, 2.0)
     learned(b, 6.0, "itl_within_budget")
+    learned(c, 3.0)
     b.learn(Channel(b"a").batch(a.take_learned(full=True)), 0.0)
-    assert b.concurrency_limits() == {ENGINE: 2.0}
+    b.learn(Channel(b"c").batch(c.take_learned(full=True)), 0.0)
+    assert b.concurrency_limits() == {ENGINE: 11 / 3}
     assert b.limits[ENGINE].limit == 6.0  # what b learned itself is kept, to share and to grow from
-    assert started(start(b, 4)) == 2
+    assert started(start(b, 6)) == 4  # while under 3.67
 
 
 def test_a_limit_change_goes_out_in_the_next_batch():
