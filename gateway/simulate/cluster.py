@@ -240,7 +240,7 @@ class Cluster:
                 dispatcher.safe_share.window_s = setup.share_window_s
                 dispatcher.safe_share.settle_s = setup.share_full_s
         self.share_up = True
-        self.safe_share_spans: list[list[float | None]] = []
+        self.safe_share_spans: list[dict[str, float | None]] = []
         self._outgoing: list[Learned | None] = [None for _ in self.dispatchers]
         self._sequence = [0 for _ in self.dispatchers]
         self.share_stats = {"batches": 0, "facts": 0, "bytes": 0, "applied": 0}
@@ -564,12 +564,13 @@ class Cluster:
         self.share_up = False
         for dispatcher in self.dispatchers:
             if dispatcher.lost_peers(self.now):
-                self.safe_share_spans.append([self.now, None, dispatcher.safe_share.replicas])
+                span = {"from_s": round(self.now, 3), "until_s": None, "replicas": dispatcher.safe_share.replicas}
+                self.safe_share_spans.append(span)
 
     def _safe_share_ended(self, now: float) -> None:
-        open_span = next((span for span in self.safe_share_spans if span[1] is None), None)
+        open_span = next((span for span in self.safe_share_spans if span["until_s"] is None), None)
         if open_span is not None:
-            open_span[1] = now
+            open_span["until_s"] = round(now, 3)
 
     def _share_send(self, replica: int) -> None:
         learned, self._outgoing[replica] = self._outgoing[replica], None
@@ -602,10 +603,7 @@ class Cluster:
             "interval_ms": self.setup.share_interval_s * 1000,
             "delay_ms": self.setup.share_delay_s * 1000,
             "full_every_s": self.setup.share_full_s,
-            "safe_share_spans": [
-                {"from_s": round(a, 3), "until_s": None if b is None else round(b, 3), "replicas": n}
-                for a, b, n in self.safe_share_spans
-            ],
+            "safe_share_spans": [dict(span) for span in self.safe_share_spans],
             "published_bytes_per_s": round(stats["bytes"] / span, 1),
             "received_bytes_per_s_per_replica": round(stats["bytes"] * (1 - 1 / len(self.dispatchers)) / span, 1),
         }
