@@ -1,10 +1,15 @@
 """Admission across replicas: everyone's in-flight against the mean of the limits the replicas learned, and the
 safe share of it while the channel is down."""
 
+import math
+
+import pytest
+
 from gateway.core.classes import INTERACTIVE, Budget
 from gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, PoolSpec, Queued
 from gateway.core.limiter import LimitSettings
 from gateway.core.request import RouteRequest
+from gateway.core.sharing import Batch, EngineLoad, Learned, decode, encode
 from tests.gateway.core.test_sharing import Channel
 
 ENGINE = "http://e0:8000"
@@ -101,3 +106,13 @@ def test_a_replica_that_never_heard_another_keeps_the_whole_limit_without_the_ch
     alone = replica()
     alone.lost_peers(0.0)
     assert alone.concurrency_limits() == {ENGINE: 4.0}
+
+
+def test_learned_limits_cross_the_wire_and_impossible_ones_are_refused():
+    load = {ENGINE: EngineLoad(2, 100, 3.5), "http://e1:8000": EngineLoad(limit=7.0)}
+    batch = decode(encode(Batch(b"p" * 16, 1, 0.0, 64, Learned([], load, True))))
+    assert batch.learned.load == load
+    for bad in (-1.0, math.inf, math.nan):
+        raw = encode(Batch(b"p" * 16, 1, 0.0, 64, Learned([], {ENGINE: EngineLoad(1, 0, bad)})))
+        with pytest.raises(ValueError, match="load entry"):
+            decode(raw)
