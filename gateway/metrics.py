@@ -84,6 +84,12 @@ class GatewayMetrics:
             "1 while this replica hears the other replicas' routing (prefix.share over Redis), else 0.",
             registry=r,
         )
+        self.safe_share = Gauge(
+            "gateway_admission_safe_share",
+            "Replicas each engine's concurrency limit is split among while the routing channel is down "
+            "(this replica admits its share alone); 0 while admission counts every replica's in-flight.",
+            registry=r,
+        )
         self.share_peers = Gauge(
             "gateway_routing_share_peers", "Other replicas heard on the routing channel lately.", registry=r
         )
@@ -144,7 +150,8 @@ class _StateCollector(Collector):
         )
         limit = GaugeMetricFamily(
             "gateway_engine_concurrency_limit",
-            "Adaptive concurrency limit of an engine (requests in flight it may hold).",
+            "Adaptive concurrency limit of an engine as admission applies it: the mean of the replicas' learned, "
+            "or this replica's safe share of it while the routing channel is down.",
             labels=("pool", "engine"),
         )
         limits = self.state.concurrency_limits()

@@ -12,6 +12,11 @@ Rules:
   what the others said (``Dispatcher.lost_peers``) and routes on its own knowledge, drops what it
   would have sent (counted), sets ``gateway_routing_share_up`` to 0 and logs
   ``routing_share_lost`` once; it subscribes again with backoff and logs ``routing_share_resumed``.
+- Admission counts the others' in-flight through the channel; while it is down each replica admits
+  at most its safe share of every engine's limit (``core/safe_share.py``): entering logs
+  ``admission_safe_share`` with the replicas the limit is split among, and sets
+  ``gateway_admission_safe_share`` to that number; leaving (``full_s`` after the channel is back, when
+  the others' full batches have told their loads) logs ``admission_safe_share_ended`` and sets it to 0.
 - A batch whose PUBLISH fails goes out again with the next one (after Redis restarts, the first
   PUBLISH often meets a pooled connection that died with it); if that fails too, both are dropped
   (counted). The sequence number counts only batches sent, so receivers see no gap for it.
@@ -70,6 +75,9 @@ class RoutingShare:
     def start(self) -> None:
         self.dispatcher.share_learning(self.settings.max_pending)
         self.metrics.share_up.set(0)
+        self.metrics.safe_share.set(0)
+        self.dispatcher.safe_share.window_s = self.settings.replicas_window_s
+        self.dispatcher.safe_share.settle_s = self.settings.full_s
         self._publisher_client = self._client()
         self._tasks = [
             asyncio.create_task(self._subscribe_loop(), name="routing share: subscribe"),
@@ -149,6 +157,9 @@ class RoutingShare:
             await asyncio.sleep(settings.interval_s)
             now = time.monotonic()
             full = now >= next_full
+            if self.dispatcher.settle_share(now):
+                self.metrics.safe_share.set(0)
+                log.info("admission_safe_share_ended", effect="admission counts every replica's in-flight again")
             if full:
                 next_full = now + settings.full_s
                 self.dispatcher.expire_peers(now, settings.silent_s)
@@ -183,6 +194,7 @@ class RoutingShare:
     # -- state ----------------------------------------------------------------------------
 
     def _resumed(self) -> None:
+        self.dispatcher.share_resumed(time.monotonic())
         self.up = True
         self.metrics.share_up.set(1)
         if self._state == "down":
@@ -195,7 +207,14 @@ class RoutingShare:
         was = self._state
         self.up = False
         self.metrics.share_up.set(0)
-        self.dispatcher.lost_peers()
+        if self.dispatcher.lost_peers(time.monotonic()):
+            replicas = self.dispatcher.safe_share.replicas
+            self.metrics.safe_share.set(replicas)
+            log.warning(
+                "admission_safe_share",
+                replicas=replicas,
+                effect=f"each engine takes at most 1/{replicas} of its concurrency limit from this replica",
+            )
         if was != "down":
             self._state = "down"
             self._down_since = time.monotonic()

@@ -378,10 +378,11 @@ class PrefixPolicyConfig:
 class RoutingShareConfig:
     """Replicas on a Redis ``store`` tell each other what they routed, through a Redis pub/sub
     channel: which engine got each request (with the prompt's block hashes in approximate mode) and
-    their own pending prefill per engine, so every replica's prefix index and view of engine load
-    cover the whole fleet's traffic. Never on a request's path; while the channel is down each
-    replica routes on its own knowledge (``gateway_routing_share_up`` 0). With ``store: memory``
-    there is one replica and nothing to share."""
+    their own in-flight, pending prefill and learned concurrency limit per engine, so every replica's
+    prefix index, view of engine load and admission cover the whole fleet's traffic. Never on a
+    request's path; while the channel is down each replica routes on its own knowledge
+    (``gateway_routing_share_up`` 0) and admits its safe share. With ``store: memory`` there is one
+    replica and nothing to share."""
 
     enabled: bool = True
     """Share routing with the other replicas when the store is Redis."""
@@ -395,6 +396,10 @@ class RoutingShareConfig:
     """A replica not heard from this long no longer counts (it stopped, or the channel broke)."""
     max_pending: Annotated[int, Ge(1)] = 10_000
     """Facts kept for the next batch at most; older ones are dropped when the channel cannot keep up."""
+    replicas_window_s: Annotated[float, Interval(gt=0, le=3600)] = 30.0
+    """Admission across replicas: while the channel is down each replica admits at most
+    ``limit / replicas`` on every engine, counting the replicas heard within this window before it
+    broke (``gateway_admission_safe_share``)."""
 
     def validated(self) -> RoutingShareConfig:
         if not self.channel:

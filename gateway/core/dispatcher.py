@@ -30,6 +30,14 @@ Rules:
   preempts batch there.
 - When a queue is full, the newest batch request of the heaviest batch tenant is shed to make
   room; a batch request that finds the queue full of interactive work is refused.
+- Replicas sharing their load (``core/sharing.py``) admit fleet-wide: an engine's room is its
+  limit, the mean of those this replica and the others heard learned for it, less everyone's
+  in-flight requests there. Each replica learns from its own requests' gaps only, a share of the
+  engine's, and the replicas' limits step up and down out of phase: the minimum of such estimates
+  stays below what one replica seeing every gap learns (``benchmarks/fleet_admission.py``), the
+  mean does not. While the channel is down (``lost_peers``), each replica fills at most its safe
+  share of the limit with its own requests (``safe_share``), until it is back (``share_resumed``)
+  and settled (``settle_share``).
 - Time is always an argument: the HTTP layer passes the wall clock, the simulator a
   virtual one.
 """
@@ -49,6 +57,7 @@ from gateway.core.queue import DEFAULT_DECODE_TOKENS, WaitQueue
 from gateway.core.reasons import Refusal
 from gateway.core.request import RouteRequest
 from gateway.core.routing import Choice, Policy, make_policy
+from gateway.core.safe_share import SafeShare
 from gateway.core.sharing import Batch, EngineLoad, Learned, Peers
 from gateway.core.slots import FullEngine, Running, SlotTimes
 from gateway.core.tenants import TenantLoad
@@ -220,6 +229,7 @@ class Dispatcher:
         # Sharing with other replicas (off until ``share_learning``).
         self._load_changed: set[str] | None = None
         self.peers = Peers()
+        self.safe_share = SafeShare()
         self._reindex(0.0)
 
     # -- topology and health -------------------------------------------------
@@ -285,10 +295,11 @@ class Dispatcher:
         facts = [fact for pool in self.pools.values() for fact in getattr(pool.policy, "take_learned", list)()]
         changed, self._load_changed = self._load_changed or set(), set()
         engines = self._engines
+        limits = self.limits if self.admission.enabled else {}
         if full:
-            load = {e.id: _own_load(e) for e in engines.values() if e.inflight or e.pending_prefill}
+            load = {e.id: own for e in engines.values() if (own := _own_load(e, limits.get(e.id)))}
         else:
-            load = {i: _own_load(engines[i]) for i in changed if i in engines}
+            load = {i: _own_load(engines[i], limits.get(i)) for i in changed if i in engines}
         return Learned(facts, load, full)
 
     def learn(self, batch: Batch, now: float) -> tuple[int, int]:
@@ -296,6 +307,7 @@ class Dispatcher:
         engines hold, its load adds to this replica's view. Engines this replica does not know are
         ignored. Returns the facts applied and the publisher's batches missed before this one."""
         missed = self.peers.heard(batch.publisher, batch.sequence, now)
+        self.safe_share.heard(batch.publisher, now)
         # Load first: the facts' prompts are in it, and the index makes room for them by it.
         known = {e: load for e, load in batch.learned.load.items() if e in self._engines}
         self._peer_load_changed(self.peers.report(batch.publisher, known, batch.learned.full))
@@ -312,9 +324,19 @@ class Dispatcher:
         """Forget what replicas not heard from within ``silent_s`` said (they stopped, or the channel broke)."""
         self._peer_load_changed(self.peers.expire(now, silent_s))
 
-    def lost_peers(self) -> None:
-        """The channel is down: route on this replica's own knowledge (and the engines' scrapes) alone."""
+    def lost_peers(self, now: float | None = None) -> bool:
+        """The channel is down: route on this replica's own knowledge (and the engines' scrapes) alone,
+        and admit at most the safe share of each limit. True when the safe share began now."""
         self._peer_load_changed(self.peers.clear())
+        return self.admission.enabled and self.safe_share.lost(math.inf if now is None else now)
+
+    def share_resumed(self, now: float) -> None:
+        """The channel works again: the safe share ends once the others' loads are back (``settle_share``)."""
+        self.safe_share.resumed(now)
+
+    def settle_share(self, now: float) -> bool:
+        """True when the safe share ended now: admission counts the others' in-flight again."""
+        return self.safe_share.settle(now)
 
     def _peer_load_changed(self, engines: set[str]) -> None:
         for engine_id in engines:
@@ -322,6 +344,10 @@ class Dispatcher:
             if engine is not None:
                 engine.peer_inflight = self.peers.inflight(engine_id)
                 engine.peer_prefill = self.peers.prefill(engine_id)
+                engine.peer_limits = self.peers.limits(engine_id)
+                own = self.limits.get(engine_id)
+                if own is not None and engine.peer_limits:
+                    own.adopt(sum(engine.peer_limits) / len(engine.peer_limits))
 
     def _load_change(self, engine: EngineState) -> None:
         if self._load_changed is not None:
@@ -345,9 +371,27 @@ class Dispatcher:
         return {name: pool.policy.hit_ratio_estimate() for name, pool in self.pools.items()}
 
     def concurrency_limits(self) -> dict[str, float]:
+        """Each engine's limit as admission applies it (the fleet's, or this replica's safe share of it)."""
         if not self.admission.enabled:
             return {}
-        return {engine_id: limit.limit for engine_id, limit in self.limits.items()}
+        return {engine_id: self._capacity(engine)[1] for engine_id, engine in self._engines.items()}
+
+    def _fleet_limit(self, engine: EngineState) -> float:
+        own = self.limits[engine.id].limit
+        peers = engine.peer_limits
+        return own if not peers else (own + sum(peers)) / (1 + len(peers))
+
+    def _capacity(self, engine: EngineState) -> tuple[float, float]:
+        """(load counted, limit) for admission: everyone's load against the fleet's limit, or in the
+        safe share this replica's own in-flight against its share."""
+        limit = self._fleet_limit(engine)
+        if self.safe_share.safe:
+            return float(engine.inflight), self.safe_share.share(limit)
+        return engine.load, limit
+
+    def _room(self, engine: EngineState) -> float:
+        load, limit = self._capacity(engine)
+        return limit - load
 
     def ready(self) -> dict[str, bool]:
         return {name: any(e.healthy for e in pool.engines) for name, pool in self.pools.items()}
@@ -394,15 +438,14 @@ class Dispatcher:
     def _with_room(
         self, pool: Pool, exclude: Sequence[str], reserve: float = 0.0, model: str | None = None
     ) -> list[EngineState]:
-        limits = self.limits
-        return [e for e in pool.healthy(exclude, model) if e.load < limits[e.id].limit - reserve]
+        return [e for e in pool.healthy(exclude, model) if self._room(e) > reserve]
 
     def _backfill_room(self, pool: Pool, exclude: Sequence[str], model: str | None = None) -> list[EngineState]:
         """Engines of ``pool`` with room to spare beyond a reserve kept for their own class (at least one slot)."""
         out = []
         for engine in pool.healthy(exclude, model):
-            limit = self.limits[engine.id].limit
-            if engine.load < limit - max(1.0, self.admission.backfill_reserve * limit):
+            load, limit = self._capacity(engine)
+            if load < limit - max(1.0, self.admission.backfill_reserve * limit):
                 out.append(engine)
         return out
 
@@ -425,7 +468,7 @@ class Dispatcher:
     def _over_share(self, pool: Pool) -> Callable[[str], bool]:
         if not self.admission.fair:
             return lambda tenant: False
-        slots = sum(self.limits[e.id].limit for e in pool.healthy())
+        slots = sum(self._capacity(e)[1] for e in pool.healthy())
         return self.tenants.over_share(pool.name, slots, pool.queue.all_tenants())
 
     def _may_start(self, pool: Pool) -> Callable[[str], bool]:
@@ -478,7 +521,7 @@ class Dispatcher:
         victims = [
             d
             for e in pool.healthy(exclude, model)
-            if e.load - 1 < self.limits[e.id].limit  # one stop must be enough to make room
+            if self._room(e) + 1 > 0  # one stop must be enough to make room
             for d in self._backfilled.get(e.id, ())
             if not d.done and d.preemptible
         ]
@@ -529,7 +572,7 @@ class Dispatcher:
     def _expected_wait(self, pool: Pool, position: int, now: float) -> float | None:
         """Time until ``position`` requests ahead have started, from when the running ones end."""
         engines = [
-            FullEngine(e.load, self.limits[e.id].limit, [self._run(d, pool) for d in self._running.get(e.id, ())])
+            FullEngine(*self._capacity(e), [self._run(d, pool) for d in self._running.get(e.id, ())])
             for e in pool.healthy()
         ]
         return pool.slots.wait(position, engines, now)
@@ -682,6 +725,7 @@ class Dispatcher:
             limit.update(now, self._engines[engine_id].load)
             if limit.limit != before or limit.reason != why:
                 changes.append(LimitChange(engine_id, before, limit.limit, limit.reason))
+                self._load_change(self._engines[engine_id])
         self._drain(now)
         return Decisions(None, self._take_notices(), changes)
 
@@ -712,5 +756,6 @@ class Dispatcher:
             self.pools[dispatch.engine.pool].slots.observe_gap(seconds)
 
 
-def _own_load(engine: EngineState) -> EngineLoad:
-    return EngineLoad(engine.inflight, engine.pending_prefill)
+def _own_load(engine: EngineState, limit: ConcurrencyLimit | None) -> EngineLoad:
+    learned = limit.limit if limit is not None and limit.budget_s is not None else 0.0
+    return EngineLoad(engine.inflight, engine.pending_prefill, learned)

@@ -60,6 +60,8 @@ class EngineState:
     peer_inflight_at_scrape: int = 0
     peer_prefill: int = 0
     """Pending prefill that other gateway replicas reported for this engine."""
+    peer_limits: tuple[float, ...] = ()
+    """The concurrency limits other replicas reported learning for this engine."""
     inflight_by_class: dict[str, int] = field(default_factory=dict)
     models: frozenset[str] | None = None
     """Model and adapter names the engine lists in ``/v1/models``; None until it answered once."""

@@ -44,6 +44,8 @@ Rules:
     evidence), and is measured afresh there;
   - otherwise hold. A limit that was not reached proves nothing and does not grow past ``initial``.
 - An engine without a budget keeps a fixed limit.
+- A limit still at ``initial`` (nothing learned yet, e.g. a replica that just joined) ``adopt``s the
+  one other replicas learned for the engine, instead of starting the fleet over at the probe level.
 - ``reason`` says why the limit last changed (or held against a relay the engine contradicted).
 """
 
@@ -122,6 +124,12 @@ class ConcurrencyLimit:
         self._next_update = now + settings.interval_s
         self._last_decrease = -math.inf
         self._last_step = now
+
+    def adopt(self, learned: float) -> None:
+        """Take the limit other replicas learned, while this one has learned nothing itself."""
+        if self.budget_s is not None and self.reason == "initial":
+            self.limit = max(self.settings.minimum, min(self.settings.maximum, learned))
+            self.reason = "learned_by_peers"
 
     def observe_itl(self, seconds: float, load: float, now: float) -> None:
         self.itl.observe(seconds, now)

@@ -6,9 +6,11 @@ Rules:
   the approximate index guesses). Replicas therefore share two things, in batches a few ms apart:
   - facts (``RoutedBlocks``): "I sent this engine a request whose prompt's leading blocks hash to
     these" (approximate mode; in precise mode the engines' own events say what they hold);
-  - their own load per engine (``EngineLoad``): requests in flight, and pending prefill (uncached
+  - their own load per engine (``EngineLoad``): requests in flight, pending prefill (uncached
     prompt tokens sent that have not reached their first token: the queue a new request would wait
-    behind).
+    behind), and the concurrency limit the replica learned for the engine (0: none; every replica
+    admits against the mean of those heard and its own, so all agree on one limit and the fleet
+    puts no more on an engine than one replica would).
 - Applying a fact does to the index what routing the request did: record the blocks on the engine,
   most recently used. A fact applied twice, or late, only refreshes blocks the engine was said to
   hold; the index's capacity bound (LRU, in tokens) keeps memory bounded whatever arrives.
@@ -29,11 +31,12 @@ Rules:
 
 from __future__ import annotations
 
+import math
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-FORMAT = 1
+FORMAT = 2
 PUBLISHER_BYTES = 16
 MAX_FACTS = 65_535
 MAX_BLOCKS = 65_535
@@ -45,7 +48,7 @@ _HEADER = struct.Struct("<BB16sQdHH")
 _LENGTH = struct.Struct("<H")
 _COUNT = struct.Struct("<I")
 _FACT = struct.Struct("<HIHH")  # engine index, prompt tokens, block tokens, blocks
-_LOAD = struct.Struct("<HII")  # engine index, in flight, pending prefill tokens
+_LOAD = struct.Struct("<HIIf")  # engine index, in flight, pending prefill tokens, learned limit
 _FULL = 1
 
 
@@ -66,9 +69,11 @@ class EngineLoad:
     inflight: int = 0
     prefill: int = 0
     """Uncached prompt tokens sent that have not reached their first token."""
+    limit: float = 0.0
+    """The concurrency limit the publisher learned for the engine (0: it admits without one)."""
 
     def __bool__(self) -> bool:
-        return bool(self.inflight or self.prefill)
+        return bool(self.inflight or self.prefill or self.limit)
 
 
 @dataclass(slots=True)
@@ -134,7 +139,7 @@ def encode(batch: Batch) -> bytes:
         parts.append(struct.pack(f"<{len(blocks)}Q", *blocks))
     parts.append(_COUNT.pack(len(learned.load)))
     for engine, load in learned.load.items():
-        parts.append(_LOAD.pack(engines[engine], _u32(load.inflight), _u32(load.prefill)))
+        parts.append(_LOAD.pack(engines[engine], _u32(load.inflight), _u32(load.prefill), load.limit))
     return b"".join(parts)
 
 
@@ -172,11 +177,11 @@ def decode(data: bytes) -> Batch:
             raise ValueError("too many load entries")
         load = {}
         for _ in range(n_loads):
-            index, inflight, prefill = _LOAD.unpack_from(view, at)
+            index, inflight, prefill, limit = _LOAD.unpack_from(view, at)
             at += _LOAD.size
-            if index >= n_engines:
+            if index >= n_engines or not 0.0 <= limit < math.inf:
                 raise ValueError("load entry out of bounds")
-            load[engines[index]] = EngineLoad(inflight, prefill)
+            load[engines[index]] = EngineLoad(inflight, prefill, limit)
         if at != len(view):
             raise ValueError("trailing bytes")
     except (struct.error, UnicodeDecodeError) as exc:
@@ -259,6 +264,10 @@ class Peers:
 
     def inflight(self, engine: str) -> int:
         return self._inflight.get(engine, 0)
+
+    def limits(self, engine: str) -> tuple[float, ...]:
+        """The limits the publishers heard learned for ``engine``."""
+        return tuple(x for peer in self._peers.values() if engine in peer.load and (x := peer.load[engine].limit) > 0)
 
     def prefill(self, engine: str) -> int:
         return self._prefill.get(engine, 0)

@@ -76,6 +76,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--share-interval-ms", type=float, default=5.0, help="a replica sends what it learned this often")
     p.add_argument(
+        "--share-down",
+        default=None,
+        metavar="FROM:UNTIL",
+        help="the replicas' channel breaks from FROM until UNTIL seconds into the run (each admits its safe share)",
+    )
+    p.add_argument(
         "--policy-option",
         action="append",
         default=[],
@@ -87,6 +93,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", type=int, default=1000, help="sweep prompt length (tokens)")
     p.add_argument("--output-len", type=int, default=128, help="sweep output length (tokens)")
     p.add_argument("--json", dest="json_out", default=None, help="write results here")
+
+
+def _span(value: str | None) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    start, _, end = value.partition(":")
+    try:
+        span = (float(start), float(end))
+    except ValueError:
+        raise SystemExit(f"--share-down: expected FROM:UNTIL in seconds, got {value!r}") from None
+    if not 0 <= span[0] < span[1]:
+        raise SystemExit(f"--share-down: FROM must be before UNTIL, got {value!r}")
+    return span
 
 
 def _split(value: str, kinds: tuple[str, ...]) -> dict[str, str]:
@@ -191,6 +210,7 @@ def build_setup(args: argparse.Namespace, policy: str, classes: set[str]) -> Clu
         "share": args.share == "on",
         "share_delay_s": args.share_delay_ms / 1000,
         "share_interval_s": args.share_interval_ms / 1000,
+        "share_down": _span(args.share_down),
         "engines_per_device": args.engines_per_device,
     }
     profiles = _split(args.profile, (INTERACTIVE, BATCH))

@@ -28,6 +28,10 @@ Rules:
   what a replica has to tell is sent in one batch at the next multiple of ``share_interval_s`` and
   reaches every other replica ``share_delay_s`` later; every ``share_full_s`` each replica sends
   all its pending prefill. The bytes are counted as the server would send them (``encode``).
+- ``share_down`` ``(from, until)``: the channel breaks then, as when Redis dies: batches in transit
+  and sent meanwhile are lost, every replica forgets the others (``lost_peers``) and admits its safe
+  share; from ``until`` batches flow again and each returns to shared admission once settled
+  (``share_full_s`` later, as the server does).
 - What if: for each request id in ``what_if``, at its arrival the whole cluster is copied and,
   in the copy, that request is admitted whatever admission says; the copy runs until it and
   every request with a latency budget that was alive while it ran have ended, and their records
@@ -72,7 +76,18 @@ from gateway.core.sharing import Batch, Learned, encode
 from gateway.simulate.traces import TraceRequest
 
 MODEL = "sim-model"
-_ARRIVAL, _STEP_END, _POLL, _SCRAPE, _ENGINE_ADD, _SHARE_SEND, _SHARE_ARRIVE, _SHARE_FULL = range(8)
+(
+    _ARRIVAL,
+    _STEP_END,
+    _POLL,
+    _SCRAPE,
+    _ENGINE_ADD,
+    _SHARE_SEND,
+    _SHARE_ARRIVE,
+    _SHARE_FULL,
+    _SHARE_DOWN,
+    _SHARE_UP,
+) = range(10)
 
 
 @dataclass(slots=True)
@@ -111,6 +126,10 @@ class ClusterSetup:
     share_delay_s: float = 0.002
     share_full_s: float = 1.0
     share_silent_s: float = 3.0
+    share_down: tuple[float, float] | None = None
+    """The channel is broken from the first time to the second (seconds of the run)."""
+    share_window_s: float = 30.0
+    """Replicas heard within this long before the channel broke split each limit (the safe share)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -218,6 +237,10 @@ class Cluster:
         if self.sharing:
             for dispatcher in self.dispatchers:
                 dispatcher.share_learning()
+                dispatcher.safe_share.window_s = setup.share_window_s
+                dispatcher.safe_share.settle_s = setup.share_full_s
+        self.share_up = True
+        self.safe_share_spans: list[dict[str, float | None]] = []
         self._outgoing: list[Learned | None] = [None for _ in self.dispatchers]
         self._sequence = [0 for _ in self.dispatchers]
         self.share_stats = {"batches": 0, "facts": 0, "bytes": 0, "applied": 0}
@@ -256,6 +279,9 @@ class Cluster:
         self._at(0.0, _SCRAPE, None)
         if self.sharing:
             self._at(self.setup.share_full_s, _SHARE_FULL, None)
+            if self.setup.share_down is not None:
+                self._at(self.setup.share_down[0], _SHARE_DOWN, None)
+                self._at(self.setup.share_down[1], _SHARE_UP, None)
         self._advance(lambda: False)
         return {
             "records": self.records,
@@ -280,6 +306,8 @@ class Cluster:
                 self._engine_add(*data)
             elif kind == _POLL:
                 for dispatcher in self.dispatchers:
+                    if dispatcher.settle_share(t):
+                        self._safe_share_ended(t)
                     self._handle(dispatcher.poll(t))
                 if self._busy():
                     self._at(t + self.setup.poll_s, _POLL, None)
@@ -291,6 +319,12 @@ class Cluster:
                 self._share_send(data)
             elif kind == _SHARE_ARRIVE:
                 self._share_arrive(data)
+            elif kind == _SHARE_DOWN:
+                self._share_down()
+            elif kind == _SHARE_UP:
+                self.share_up = True
+                for dispatcher in self.dispatchers:
+                    dispatcher.share_resumed(t)
             elif kind == _SHARE_FULL:
                 self._share_full()
                 if self._busy():
@@ -526,9 +560,23 @@ class Cluster:
         for dispatcher in self.dispatchers:
             dispatcher.expire_peers(self.now, self.setup.share_silent_s)
 
+    def _share_down(self) -> None:
+        self.share_up = False
+        for dispatcher in self.dispatchers:
+            if dispatcher.lost_peers(self.now):
+                span = {"from_s": round(self.now, 3), "until_s": None, "replicas": dispatcher.safe_share.replicas}
+                self.safe_share_spans.append(span)
+
+    def _safe_share_ended(self, now: float) -> None:
+        open_span = next((span for span in self.safe_share_spans if span["until_s"] is None), None)
+        if open_span is not None:
+            open_span["until_s"] = round(now, 3)
+
     def _share_send(self, replica: int) -> None:
         learned, self._outgoing[replica] = self._outgoing[replica], None
         assert learned is not None
+        if not self.share_up:
+            return  # the server drops what it cannot publish (counted there)
         self._sequence[replica] += 1
         batch = Batch(replica.to_bytes(16, "big"), self._sequence[replica], self.now, 64, learned)
         stats = self.share_stats
@@ -539,6 +587,8 @@ class Cluster:
 
     def _share_arrive(self, data: tuple[int, Batch]) -> None:
         sender, batch = data
+        if not self.share_up:
+            return  # lost in transit with the channel
         for replica, dispatcher in enumerate(self.dispatchers):
             if replica != sender:
                 self.share_stats["applied"] += dispatcher.learn(batch, self.now)[0]
@@ -553,6 +603,7 @@ class Cluster:
             "interval_ms": self.setup.share_interval_s * 1000,
             "delay_ms": self.setup.share_delay_s * 1000,
             "full_every_s": self.setup.share_full_s,
+            "safe_share_spans": [dict(span) for span in self.safe_share_spans],
             "published_bytes_per_s": round(stats["bytes"] / span, 1),
             "received_bytes_per_s_per_replica": round(stats["bytes"] * (1 - 1 / len(self.dispatchers)) / span, 1),
         }

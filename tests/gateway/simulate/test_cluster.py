@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.simulate.cli import add_arguments, build_setup
+from gateway.simulate.cli import _flood_source, add_arguments, build_setup
 from gateway.simulate.cluster import Cluster, hit_ceiling
 from gateway.simulate.traces import TraceRequest, load_trace
 
@@ -253,3 +253,32 @@ def test_the_slot_rule_keeps_engines_within_their_adapter_slots():
         swaps[aware] = sum(e.core.lora_swaps for e in result["engines"].values())
     assert p99[True] < 0.5 * p99[False]
     assert swaps[True] < swaps[False]
+
+
+def test_replicas_admit_their_safe_share_while_the_channel_is_down_and_share_again_after():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv = ["--engines", "interactive=2,batch=1", "--profile", "gemma4-nvfp4", "--replicas", "2"]
+    argv += ["--batch-flood", "64", "--flood-lengths", "2048,256", "--minutes", "1", "--share-down", "20:40"]
+    args = parser.parse_args(argv)
+    cluster = Cluster(build_setup(args, "prefix", {"interactive", "batch"}))
+    held: list[tuple[float, float, float]] = []  # (when, this replica's in-flight, its share), in the outage
+    for dispatcher in cluster.dispatchers:
+
+        def start(*args, d=dispatcher, original=dispatcher._start, **kwargs):
+            out = original(*args, **kwargs)
+            if d.safe_share.safe:
+                # The two replicas heard split the limit this replica learned (it hears no other now);
+                # what ran before the outage runs on, so it is what each starts that is bounded.
+                share = max(1, math.floor(d.limits[out.engine.id].limit / 2))
+                held.append((cluster.now, out.engine.inflight, share))
+            return out
+
+        dispatcher._start = start
+    trace = load_trace(Path("poisson:rate=3,input=2048,output=256,minutes=1"), "interactive")
+    out = cluster.run(trace, _flood_source(args, trace))
+    spans = out["share"]["safe_share_spans"]
+    assert len(spans) == 2 and all(s["from_s"] == 20 and 41 <= s["until_s"] <= 41.1 for s in spans), spans
+    assert {s["replicas"] for s in spans} == {2}
+    assert held and all(20 <= when <= 41.1 and inflight <= share for when, inflight, share in held), held
+    assert all(r.done is not None or r.rejected for r in out["records"].values())
