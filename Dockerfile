@@ -5,7 +5,7 @@
 #   docker build --build-arg EXTRAS=[otel] -t priority-gateway .      # OpenTelemetry tracing (OTEL_* variables)
 #   docker run -p 127.0.0.1:8080:8080 priority-gateway         # embedded default: simulated engines
 #   docker run ... priority-gateway serve --config /etc/gateway/gateway.yaml
-#   docker run ... --entrypoint python priority-gateway -m engines.sim --host 0.0.0.0 --port 8000 ...
+#   docker run ... --entrypoint python priority-gateway -m priority_gateway.engines.sim --host 0.0.0.0 --port 8000 ...
 #
 # Pushing it to a registry, and the workflow that publishes it on version tags: deploy/README.md.
 #
@@ -15,7 +15,7 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY pyproject.toml README.md LICENSE ./
-COPY gateway ./gateway
+COPY priority_gateway ./priority_gateway
 COPY engines ./engines
 ARG EXTRAS=""
 RUN pip wheel --wheel-dir /wheels ".${EXTRAS}"

@@ -32,8 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from gateway.simulate.cli import add_arguments
-from gateway.simulate.cli import run as run_sim
+from priority_gateway.simulate.cli import add_arguments
+from priority_gateway.simulate.cli import run as run_sim
 
 ROOT = Path(__file__).resolve().parents[1]
 

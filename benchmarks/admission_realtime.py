@@ -22,12 +22,12 @@ from pathlib import Path
 
 import orjson
 
-from gateway.bench import loadgen, stats
-from gateway.bench.workload import load_arrivals
-from gateway.loopback import start_engine, start_gateway
-from gateway.simulate.cli import add_arguments
-from gateway.simulate.cli import run as run_sim
-from gateway.upstream.h1 import EngineClient, UpstreamError
+from priority_gateway.bench import loadgen, stats
+from priority_gateway.bench.workload import load_arrivals
+from priority_gateway.loopback import start_engine, start_gateway
+from priority_gateway.simulate.cli import add_arguments
+from priority_gateway.simulate.cli import run as run_sim
+from priority_gateway.upstream.h1 import EngineClient, UpstreamError
 
 ROOT = Path(__file__).resolve().parents[1]
 

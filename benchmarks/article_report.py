@@ -4,7 +4,7 @@ Sections, run in this order (pool separation last):
 - ``precision``: ``gateway sim --profile gemma4-{bf16,fp8,nvfp4} --concurrency 1,2,4,8,16,32``, the
   workload the profiles were fitted on (2048-token prompts, 512 output tokens, each +/-25 %).
 - ``mtp``: the same sweep of ``gemma4-nvfp4-mtp4`` against ``gemma4-nvfp4``.
-- ``prefix``: ``engines.sim.sweep.run_level`` on ``gemma4-nvfp4`` at concurrency 16, 8192-token
+- ``prefix``: ``priority_gateway.engines.sim.sweep.run_level`` on ``gemma4-nvfp4`` at concurrency 16, 8192-token
   prompts whose first 0 to 95 % are common to all, 64 output tokens, prefix caching on and off.
 - ``realtime``: ``gateway bench`` through ``gateway serve`` in front of one real-time
   ``gemma4-nvfp4`` engine (admission off), against ``gateway sim``'s virtual-time sweep of the
@@ -34,10 +34,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engines.sim.profile import load_profile
-from engines.sim.sweep import run_level
-from gateway.cli import main as gateway_main
-from gateway.loopback import Proc, free_port
+from priority_gateway.cli import main as gateway_main
+from priority_gateway.engines.sim.profile import load_profile
+from priority_gateway.engines.sim.sweep import run_level
+from priority_gateway.loopback import Proc, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -404,7 +404,7 @@ def prefix(runner: Runner) -> dict[str, str]:
         "prefix-commands": commands_block(
             "python benchmarks/article_report.py --only prefix",
             f"# for S in {', '.join(str(shared_len(s)) for s in shares)}, on in True, False:",
-            f"# engines.sim.sweep.{call}",
+            f"# priority_gateway.engines.sim.sweep.{call}",
         ),
         "prefix-table": table([*header, "TTFT p99 off", "TTFT p99 on"], table_rows),
         "prefix-findings": findings("prefix", found),
@@ -509,7 +509,15 @@ def run_realtime(out: Path, levels: tuple[int, ...]) -> dict[str, str]:
         f"# every request and the sweep measures the engine, as the virtual-time sweep does.\n"
         f"pools:\n  interactive:\n    engines: ['{engine_url}']\nadmission:\n  enabled: false\n"
     )
-    engine_cmd = ["python", "-m", "engines.sim", "--port", str(engine_port), "--profile", "gemma4-nvfp4"]
+    engine_cmd = [
+        "python",
+        "-m",
+        "priority_gateway.engines.sim",
+        "--port",
+        str(engine_port),
+        "--profile",
+        "gemma4-nvfp4",
+    ]
     gateway_cmd = ["gateway", "serve", "--config", rel(config), "--port", str(gateway_port)]
     w = REALTIME
     bench_cmd = ["gateway", "bench", "--url", f"http://127.0.0.1:{gateway_port}"]
@@ -520,14 +528,14 @@ def run_realtime(out: Path, levels: tuple[int, ...]) -> dict[str, str]:
     python = [sys.executable]
     engine = Proc([*python, *engine_cmd[1:]], engine_url, out / "engine.log").start()
     gateway = Proc(
-        [*python, "-m", "gateway", *gateway_cmd[1:]], f"http://127.0.0.1:{gateway_port}", out / "gateway.log"
+        [*python, "-m", "priority_gateway", *gateway_cmd[1:]], f"http://127.0.0.1:{gateway_port}", out / "gateway.log"
     )
     try:
         engine.wait_ready()
         gateway.start().wait_ready("/ready")
         started = time.monotonic()
         log(event="start", run="realtime", command=shlex.join(bench_cmd), load_avg=os.getloadavg())
-        subprocess.run([*python, "-m", "gateway", *bench_cmd[1:]], cwd=ROOT, check=True)
+        subprocess.run([*python, "-m", "priority_gateway", *bench_cmd[1:]], cwd=ROOT, check=True)
         log(event="done", run="realtime", seconds=round(time.monotonic() - started, 1), load_avg=os.getloadavg())
     finally:
         gateway.stop()

@@ -1,6 +1,6 @@
 """What an HTTP client costs per request: the gateway's lean client against httpx.
 
-Why the gateway relays to engines with its own client (``gateway.upstream.h1``) while the tools
+Why the gateway relays to engines with its own client (``priority_gateway.upstream.h1``) while the tools
 that talk to arbitrary endpoints use httpx (docs/architecture.md). One process drives a
 simulated engine (``--profile instant``) with each client in turn, ``--concurrency`` streams at a
 time for ``--duration`` seconds, the rounds interleaved so that a noisy spell on the shared
@@ -26,8 +26,8 @@ from pathlib import Path
 import httpx
 import orjson
 
-from gateway.loopback import Proc, free_port
-from gateway.upstream.h1 import EngineClient
+from priority_gateway.loopback import Proc, free_port
+from priority_gateway.upstream.h1 import EngineClient
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "sim-model"
@@ -115,7 +115,17 @@ def main() -> None:
     runs: dict[str, dict[str, list[dict[str, float]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
-        cmd = [sys.executable, "-m", "engines.sim", "--port", str(port), "--model", MODEL, "--profile", "instant"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "priority_gateway.engines.sim",
+            "--port",
+            str(port),
+            "--model",
+            MODEL,
+            "--profile",
+            "instant",
+        ]
         if two_cores:
             cmd = ["taskset", "-c", "1", *cmd]
         engine = Proc(cmd, f"http://127.0.0.1:{port}", Path(tmp) / "engine.log").start().wait_ready()

@@ -1,6 +1,6 @@
 """Closed-loop concurrency sweep of every engine profile, in virtual time.
 
-For each profile, concurrency 1, 2, 4, 8, 16, 32 (``engines.sim.sweep``), with the profile's
+For each profile, concurrency 1, 2, 4, 8, 16, 32 (``priority_gateway.engines.sim.sweep``), with the profile's
 workload (prompt/output token means, each drawn within +/-25 %):
 - ``gemma4-*`` and any other profile: 2048-token prompts, 512 output tokens (the workload the
   gemma4 profiles are fitted on);
@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engines.sim.profile import available_profiles, load_profile
-from engines.sim.sweep import DEFAULT_LEVELS, run_level, run_sweep
+from priority_gateway.engines.sim.profile import available_profiles, load_profile
+from priority_gateway.engines.sim.sweep import DEFAULT_LEVELS, run_level, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 

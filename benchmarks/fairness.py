@@ -33,12 +33,12 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from engines.sim.profile import load_profile
-from gateway.core.classes import BATCH, INTERACTIVE, Budget
-from gateway.core.dispatcher import AdmissionSettings
-from gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup, Record
-from gateway.simulate.report import meets_budget
-from gateway.simulate.traces import TRACE_BLOCK_TOKENS, TraceRequest
+from priority_gateway.core.classes import BATCH, INTERACTIVE, Budget
+from priority_gateway.core.dispatcher import AdmissionSettings
+from priority_gateway.engines.sim.profile import load_profile
+from priority_gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup, Record
+from priority_gateway.simulate.report import meets_budget
+from priority_gateway.simulate.traces import TRACE_BLOCK_TOKENS, TraceRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = "gemma4-nvfp4"

@@ -1,6 +1,6 @@
 """LoRA-aware routing against adapter-blind prefix routing and round robin, in virtual time.
 
-The gateway's core in front of simulated engines (``gateway.simulate.cluster``, what ``gateway sim``
+The gateway's core in front of simulated engines (``priority_gateway.simulate.cluster``, what ``gateway sim``
 runs): 8 engines of the ``h200-7b-bf16`` profile with ``--max-loras 4`` and 32 adapters in their CPU
 cache. Requests arrive as a Poisson process; each names one adapter drawn from a Zipf popularity
 (rank r with weight 1/r^s) and carries that adapter's system prompt (shared by its requests) and a
@@ -28,10 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-from engines.sim.profile import load_profile
-from gateway.core.dispatcher import AdmissionSettings
-from gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup
-from gateway.simulate.traces import TraceRequest
+from priority_gateway.core.dispatcher import AdmissionSettings
+from priority_gateway.engines.sim.profile import load_profile
+from priority_gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup
+from priority_gateway.simulate.traces import TraceRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 

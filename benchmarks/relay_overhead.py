@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gateway.loopback import Proc, free_port
+from priority_gateway.loopback import Proc, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,7 +83,18 @@ def median_run(runs: list[dict]) -> dict:
 def start_engine(tmp: Path) -> Proc:
     port = free_port()
     cmd = taskset(
-        "1", [sys.executable, "-m", "engines.sim", "--port", str(port), "--model", MODEL, "--profile", "instant"]
+        "1",
+        [
+            sys.executable,
+            "-m",
+            "priority_gateway.engines.sim",
+            "--port",
+            str(port),
+            "--model",
+            MODEL,
+            "--profile",
+            "instant",
+        ],
     )
     return Proc(cmd, f"http://127.0.0.1:{port}", tmp / "engine.log").start().wait_ready()
 
@@ -94,7 +105,7 @@ def start_gateway(tmp: Path, engine: str, source: Path | None = None, log_level:
     config = tmp / "gateway.yaml"
     pools = f"pools:\n  interactive:\n    engines: ['{engine}']\n  batch:\n    engines: ['{engine}']\n"
     config.write_text(pools + f"log_level: {log_level}\n")
-    cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
+    cmd = [sys.executable, "-m", "priority_gateway", "serve", "--config", str(config), "--port", str(port)]
     # The other checkout's packages ahead of the installed ones: run from there (``-m`` puts the
     # working directory first on the path), and on PYTHONPATH, which precedes site-packages.
     env = None if source is None else {**os.environ, "PYTHONPATH": str(source)}

@@ -44,12 +44,12 @@ import httpx
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-import gateway.simulate.cli as sim_cli
-from gateway.core import prefix_policy
-from gateway.core.dispatcher import Dispatch, Dispatcher
-from gateway.core.routing import Choice
-from gateway.core.sharing import Batch, decode, encode
-from gateway.loopback import Proc, free_port, start_engine, start_gateway
+import priority_gateway.simulate.cli as sim_cli
+from priority_gateway.core import prefix_policy
+from priority_gateway.core.dispatcher import Dispatch, Dispatcher
+from priority_gateway.core.routing import Choice
+from priority_gateway.core.sharing import Batch, decode, encode
+from priority_gateway.loopback import Proc, free_port, start_engine, start_gateway
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -356,7 +356,7 @@ def realtime(minutes: float) -> dict[str, Any]:
                 progress(f"realtime {name}: {minutes:g} min of Mooncake, every other request to each replica ...")
                 benches = []
                 for gateway, half in zip(gateways, _half_traces(tmp, minutes), strict=True):
-                    cmd = [sys.executable, "-m", "gateway", "bench", "--url", gateway.url]
+                    cmd = [sys.executable, "-m", "priority_gateway", "bench", "--url", gateway.url]
                     cmd += ["--trace", f"{half}@interactive", "--duration", str(minutes * 60), "--model", "sim-model"]
                     cmd += ["--timeout", "600", "--out", str(tmp / f"bench-{gateway.url[-5:]}")]
                     benches.append((subprocess.Popen(cmd, cwd=ROOT), tmp / f"bench-{gateway.url[-5:]}"))
@@ -410,10 +410,10 @@ def _realtime_row(engines: list, gateways: list, bench_dirs: list[Path], minutes
 def _core_cost() -> dict[str, float]:
     """Microseconds of core work per fact, on facts like the trace's: encoding a batch on the sender,
     decoding and applying it on a receiver."""
-    from gateway.core.dispatcher import PoolSpec
-    from gateway.core.prefix import chain_seed, hash_blocks
-    from gateway.core.request import RouteRequest
-    from gateway.simulate.traces import load_trace
+    from priority_gateway.core.dispatcher import PoolSpec
+    from priority_gateway.core.prefix import chain_seed, hash_blocks
+    from priority_gateway.core.request import RouteRequest
+    from priority_gateway.simulate.traces import load_trace
 
     trace = load_trace(Path(MOONCAKE), "interactive", minutes=5)
     engines = [f"http://10.0.0.{i}:8000" for i in range(8)]

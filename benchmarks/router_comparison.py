@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.loopback import Proc, free_port, start_engine, start_gateway
+from priority_gateway.loopback import Proc, free_port, start_engine, start_gateway
 
 ROOT = Path(__file__).resolve().parents[1]
 

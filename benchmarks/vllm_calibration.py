@@ -49,7 +49,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engines.vllm.serve import Engine, EngineSpec, start
+from priority_gateway.engines.vllm.serve import Engine, EngineSpec, start
 
 RESULTS = Path(__file__).resolve().parent / "results" / "vllm_calibration"
 ENGINE_LOG = Path(__file__).resolve().parents[1] / ".cache" / "vllm-calibration-engine.log"
@@ -501,8 +501,8 @@ def profile_timing(coefficients: dict[str, float]) -> dict[str, float]:
 
 def simulated_closed_loop(raw: dict) -> list[dict]:
     """The closed-loop phase replayed by the simulator (virtual time) with the fitted timing."""
-    from engines.sim.profile import Timing, load_profile
-    from engines.sim.sweep import run_level
+    from priority_gateway.engines.sim.profile import Timing, load_profile
+    from priority_gateway.engines.sim.sweep import run_level
 
     known = {f.name for f in fields(Timing)}
     timing = Timing(**{key: value for key, value in raw["fit"]["profile_timing"].items() if key in known})

@@ -11,8 +11,8 @@ from pathlib import Path
 import openai
 import yaml
 
-from gateway.batch.validate import parse_input
-from gateway.embedded import MODEL
+from priority_gateway.batch.validate import parse_input
+from priority_gateway.embedded import MODEL
 from tests.support.procs import ROOT, Proc, free_port, start_engine
 
 EXAMPLES = ROOT / "examples"
@@ -20,7 +20,7 @@ CONFIG = EXAMPLES / "gateway.yaml"
 
 
 def config_check(path: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "gateway", "config", "check", "--config", str(path)]
+    cmd = [sys.executable, "-m", "priority_gateway", "config", "check", "--config", str(path)]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
@@ -49,7 +49,7 @@ def test_the_sample_config_serves_both_classes(procs: list[Proc], tmp_path: Path
     port = free_port()
     env = {f"GATEWAY__POOLS__{pool.upper()}__ENGINES": f'["{engines[pool].url}"]' for pool in pools}
     env["GATEWAY__LISTEN__PORT"] = str(port)
-    cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(CONFIG)]
+    cmd = [sys.executable, "-m", "priority_gateway", "serve", "--config", str(CONFIG)]
     gateway = Proc(cmd, f"http://127.0.0.1:{port}", tmp_path / "gateway.log", env=env).start()
     procs.append(gateway)
     for engine in engines.values():

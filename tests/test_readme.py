@@ -43,7 +43,8 @@ NOT_RUN = {
     " gateway serve --config gateway.yaml",
     "OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 OTEL_SERVICE_NAME=gateway gateway serve --config gateway.yaml",
     "gateway keys create --name nightly-jobs --classes batch --rpm 600 --tpm 2000000 --config gateway.yaml",
-    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True python -m engines.sim --port 8001 --model /models/llama-8b \\",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True python -m priority_gateway.engines.sim --port 8001 "
+    "--model /models/llama-8b \\",
     "gateway sim --trace benchmarks/traces/mooncake/conversation_trace.jsonl --engines 8 --admission off \\",
     "gateway bench --url http://127.0.0.1:8080 --concurrency 1,2,4,8,16,32 --duration 30 --ramp-up 10 \\",
 }

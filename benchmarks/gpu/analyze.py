@@ -41,11 +41,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import numpy as np  # noqa: E402
 import vllm_calibration as vc  # noqa: E402
 
-from engines.sim.profile import load_profile  # noqa: E402
-from engines.sim.sweep import run_level  # noqa: E402
-from gateway.core.classes import INTERACTIVE, Budget  # noqa: E402
-from gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup  # noqa: E402
-from gateway.simulate.traces import load_trace, scale_blocks  # noqa: E402
+from priority_gateway.core.classes import INTERACTIVE, Budget  # noqa: E402
+from priority_gateway.engines.sim.profile import load_profile  # noqa: E402
+from priority_gateway.engines.sim.sweep import run_level  # noqa: E402
+from priority_gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup  # noqa: E402
+from priority_gateway.simulate.traces import load_trace, scale_blocks  # noqa: E402
 
 PROFILE = "h200-7b-bf16"
 ENGINES = 4

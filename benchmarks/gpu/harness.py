@@ -13,7 +13,7 @@ Rules:
   the engines' ``/metrics`` before and after, the front's log and the command lines.
 - The plan runs in priority order against a budget: a step that would not end in time is
   skipped and says so (``skipped.json``), so what ran is always packed.
-- ``--dry`` runs the same plan here on simulated engines (``engines.sim``), with durations scaled
+- ``--dry`` runs the same plan here on simulated engines (``priority_gateway.engines.sim``), with durations scaled
   down, to check it before device time is spent.
 """
 
@@ -214,7 +214,17 @@ def start_engines(setup: Setup) -> list[subprocess.Popen[bytes]]:
         port = url.rsplit(":", 1)[1]
         env = dict(setup.env)
         if setup.dry:
-            cmd = [setup.python, "-m", "engines.sim", "--port", port, "--model", MODEL, "--profile", setup.sim_profile]
+            cmd = [
+                setup.python,
+                "-m",
+                "priority_gateway.engines.sim",
+                "--port",
+                port,
+                "--model",
+                MODEL,
+                "--profile",
+                setup.sim_profile,
+            ]
             cmd.append("--enable-prompt-tokens-details")
         else:
             env["CUDA_VISIBLE_DEVICES"] = str(i % setup.gpus)
@@ -293,7 +303,7 @@ def start_front(setup: Setup, name: str, urls: list[str], folder: Path, config: 
         config = {"log_level": "warning", **config}
         path = folder / "gateway.json"
         path.write_text(json.dumps(config, indent=1))
-        cmd = [setup.python, "-m", "gateway", "serve", "--config", str(path), "--port", str(FRONT_PORT)]
+        cmd = [setup.python, "-m", "priority_gateway", "serve", "--config", str(path), "--port", str(FRONT_PORT)]
         ready = "/ready"
     (folder / "front.cmd").write_text(" ".join(cmd) + "\n")
     out = open(folder / "front.log", "ab")  # noqa: SIM115 - closed when the process ends
@@ -306,7 +316,7 @@ def start_front(setup: Setup, name: str, urls: list[str], folder: Path, config: 
 
 def run_bench(setup: Setup, args: list[str], out: Path, limit_s: float) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [setup.python, "-m", "gateway", "bench", "--model", MODEL, "--out", str(out), *args]
+    cmd = [setup.python, "-m", "priority_gateway", "bench", "--model", MODEL, "--out", str(out), *args]
     with open(out / "bench.log", "ab") as sink:
         try:
             subprocess.run(cmd, env=setup.env, stdout=sink, stderr=subprocess.STDOUT, timeout=limit_s, check=False)
@@ -409,7 +419,17 @@ def admission(setup: Setup, mode: str) -> None:
     url = f"http://127.0.0.1:{FRONT_PORT}"
     common = ["--url", url, "--endpoint", "completions", "--token-ids", "--timeout", "600"]
     budget = ["--ttft-ms", str(INTERACTIVE_BUDGET["ttft_p99_ms"]), "--itl-ms", str(INTERACTIVE_BUDGET["itl_p99_ms"])]
-    flood_cmd = [setup.python, "-m", "gateway", "bench", "--model", MODEL, "--out", str(folder / "batch"), *common]
+    flood_cmd = [
+        setup.python,
+        "-m",
+        "priority_gateway",
+        "bench",
+        "--model",
+        MODEL,
+        "--out",
+        str(folder / "batch"),
+        *common,
+    ]
     flood_cmd += ["--x-priority", "batch", "--concurrency", "192", "--duration", f"{seconds:g}"]
     flood_cmd += ["--input-len", "2048", "--output-len", "256", "--ramp-up", "5"]
     (folder / "batch").mkdir(exist_ok=True)

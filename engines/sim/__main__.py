@@ -1,3 +1,3 @@
-from engines.sim.cli import main
+from priority_gateway.engines.sim.cli import main
 
 main()

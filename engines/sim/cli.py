@@ -1,4 +1,4 @@
-"""``python -m engines.sim``: one simulated vLLM engine behind HTTP, spelled as ``vllm serve``."""
+"""``python -m priority_gateway.engines.sim``: one simulated vLLM engine behind HTTP, spelled as ``vllm serve``."""
 
 from __future__ import annotations
 
@@ -10,20 +10,22 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from engines.sim.core import FCFS, PRIORITY, EngineCore
-from engines.sim.kv_events import ZmqPublisher
-from engines.sim.models import ServedModels, parse_lora_module, runtime_lora_updating
-from engines.sim.profile import available_profiles, load_profile
-from engines.sim.protocol import ApiError
-from engines.sim.realtime import RealtimeDriver
-from engines.sim.server import SimServer
-from engines.sim.tracing import RequestTracer
+from priority_gateway.engines.sim.core import FCFS, PRIORITY, EngineCore
+from priority_gateway.engines.sim.kv_events import ZmqPublisher
+from priority_gateway.engines.sim.models import ServedModels, parse_lora_module, runtime_lora_updating
+from priority_gateway.engines.sim.profile import available_profiles, load_profile
+from priority_gateway.engines.sim.protocol import ApiError
+from priority_gateway.engines.sim.realtime import RealtimeDriver
+from priority_gateway.engines.sim.server import SimServer
+from priority_gateway.engines.sim.tracing import RequestTracer
 
 DEFAULT_PROFILE = "default"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m engines.sim", description="Simulated vLLM engine (OpenAI API).")
+    p = argparse.ArgumentParser(
+        prog="python -m priority_gateway.engines.sim", description="Simulated vLLM engine (OpenAI API)."
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--model", default="sim-model", help="the model (its path or name: the root of /v1/models)")

@@ -58,12 +58,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from engines.sim import tokens
-from engines.sim.kv_cache import BlockOwner, KVCache, TokenIdsOf
-from engines.sim.lora import RUNNING_EVENT, WAITING_EVENT, Applied, LoraAdapter, LoraRequestStates, LoraSlots
-from engines.sim.profile import Profile
-from engines.sim.stats import EngineStats, RequestTimes
-from gateway.core.kv_events import KVEvent
+from priority_gateway.core.kv_events import KVEvent
+from priority_gateway.engines.sim import tokens
+from priority_gateway.engines.sim.kv_cache import BlockOwner, KVCache, TokenIdsOf
+from priority_gateway.engines.sim.lora import (
+    RUNNING_EVENT,
+    WAITING_EVENT,
+    Applied,
+    LoraAdapter,
+    LoraRequestStates,
+    LoraSlots,
+)
+from priority_gateway.engines.sim.profile import Profile
+from priority_gateway.engines.sim.stats import EngineStats, RequestTimes
 
 FCFS = "fcfs"
 PRIORITY = "priority"

@@ -12,7 +12,7 @@ Rules:
 - A hit on a free block takes it out of the free queue (it is in use again).
 - Usage is the share of blocks not free, as ``vllm:kv_cache_usage_perc``.
 - When ``events`` is a list, ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` records (the
-  gateway's own event types, ``gateway.core.kv_events``) are
+  gateway's own event types, ``priority_gateway.core.kv_events``) are
   appended to it in the order they happen, as vLLM's KV event publisher reports them. A stored
   block carries its request's LoRA adapter (``lora_id``, ``lora_name``) and, per block, vLLM's
   untagged extra keys: the adapter's name, then the ``cache_salt`` on a prompt's first block.
@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from gateway.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from priority_gateway.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 
 @dataclass(slots=True, frozen=True)

@@ -20,7 +20,7 @@ from typing import Any, assert_never
 import msgpack
 import zmq
 
-from gateway.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from priority_gateway.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 
 def should_bind(endpoint: str) -> bool:

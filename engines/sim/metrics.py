@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 from prometheus_client.utils import floatToGoString
 
-from engines.sim.core import EngineCore
-from engines.sim.stats import FINISH_REASONS, EngineStats, Histogram
+from priority_gateway.engines.sim.core import EngineCore
+from priority_gateway.engines.sim.stats import FINISH_REASONS, EngineStats, Histogram
 
 _COUNTER = "counter"
 _GAUGE = "gauge"

@@ -28,8 +28,8 @@ from typing import Any
 
 import orjson
 
-from engines.sim.lora import LoraAdapter
-from engines.sim.protocol import ApiError
+from priority_gateway.engines.sim.lora import LoraAdapter
+from priority_gateway.engines.sim.protocol import ApiError
 
 RUNTIME_LORA_UPDATING_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 MAX_ADAPTER_CONFIG_BYTES = 1 << 20

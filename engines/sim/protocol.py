@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from engines.sim import tokens
+from priority_gateway.engines.sim import tokens
 
 CHAT = "chat"
 COMPLETION = "completion"

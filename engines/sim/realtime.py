@@ -19,8 +19,8 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 
-from engines.sim.core import EngineCore, EngineRequest, StepOutput
-from gateway.core.kv_events import KVEvent
+from priority_gateway.core.kv_events import KVEvent
+from priority_gateway.engines.sim.core import EngineCore, EngineRequest, StepOutput
 
 Clock = Callable[[], float]
 Publish = Callable[[Sequence[KVEvent]], None]

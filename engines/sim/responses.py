@@ -28,8 +28,8 @@ from typing import Any
 
 import orjson
 
-from engines.sim import tokens
-from engines.sim.protocol import ApiError, ParsedRequest, int_field, missing_fields
+from priority_gateway.engines.sim import tokens
+from priority_gateway.engines.sim.protocol import ApiError, ParsedRequest, int_field, missing_fields
 
 RESPONSES = "responses"
 _TEXT_PARTS = ("input_text", "output_text", "text")

@@ -30,15 +30,15 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from engines.sim import protocol, responses, tokens
-from engines.sim.core import PRIORITY, EngineCore, EngineRequest
-from engines.sim.lora import LoraAdapter
-from engines.sim.metrics import MetricsPage
-from engines.sim.models import ServedModels
-from engines.sim.protocol import CHAT, COMPLETION, ApiError, ParsedRequest
-from engines.sim.realtime import RealtimeDriver, Stream
-from engines.sim.responses import ResponsesRequest
-from engines.sim.tracing import RequestTracer, trace_headers
+from priority_gateway.engines.sim import protocol, responses, tokens
+from priority_gateway.engines.sim.core import PRIORITY, EngineCore, EngineRequest
+from priority_gateway.engines.sim.lora import LoraAdapter
+from priority_gateway.engines.sim.metrics import MetricsPage
+from priority_gateway.engines.sim.models import ServedModels
+from priority_gateway.engines.sim.protocol import CHAT, COMPLETION, ApiError, ParsedRequest
+from priority_gateway.engines.sim.realtime import RealtimeDriver, Stream
+from priority_gateway.engines.sim.responses import ResponsesRequest
+from priority_gateway.engines.sim.tracing import RequestTracer, trace_headers
 
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]

@@ -26,11 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines.sim import virtual
-from engines.sim.core import EngineCore, EngineRequest, StepOutput
-from engines.sim.kv_cache import lru_hit_ratio
-from engines.sim.profile import Profile
-from engines.sim.tokens import block_hashes_for_trace
+from priority_gateway.engines.sim import virtual
+from priority_gateway.engines.sim.core import EngineCore, EngineRequest, StepOutput
+from priority_gateway.engines.sim.kv_cache import lru_hit_ratio
+from priority_gateway.engines.sim.profile import Profile
+from priority_gateway.engines.sim.tokens import block_hashes_for_trace
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32)
 

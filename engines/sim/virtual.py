@@ -16,7 +16,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from engines.sim.core import EngineCore, EngineRequest, StepOutput
+from priority_gateway.engines.sim.core import EngineCore, EngineRequest, StepOutput
 
 OnOutput = Callable[[float, StepOutput], Iterable[tuple[float, EngineRequest]] | None]
 

@@ -7,8 +7,8 @@ signals the whole group so no worker outlives it.
 
 Standard library only, so it runs from the project venv or from ``.venv-vllm``:
 
-    python -m engines.vllm.serve --port 8100 --core 0
-    python -m engines.vllm.serve --port 8101 --core 1 --scheduling-policy priority \\
+    python -m priority_gateway.engines.vllm.serve --port 8100 --core 0
+    python -m priority_gateway.engines.vllm.serve --port 8101 --core 1 --scheduling-policy priority \\
         --kv-events-endpoint tcp://127.0.0.1:5557 --kv-events-topic e8101
 
 In the foreground it prints one ``event=engine_ready`` line once ``/health`` answers 200

@@ -46,7 +46,7 @@ def imports(path: Path) -> Iterator[Import]:
                 base = ".".join([*anchor, base] if base else anchor)
             yield Import(path, node.lineno, base)
             for alias in node.names:
-                # ``from gateway import log`` imports the module gateway.log as well.
+                # ``from priority_gateway import log`` imports the module priority_gateway.log as well.
                 yield Import(path, node.lineno, f"{base}.{alias.name}")
         elif isinstance(node, ast.Call) and _dynamic_import(node):
             yield Import(path, node.lineno, node.args[0].value)

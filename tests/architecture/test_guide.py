@@ -8,7 +8,7 @@ import re
 from tests.architecture.imports import ROOT
 
 GUIDE = ROOT / "docs" / "architecture.md"
-NAMED = re.compile(r"\b((?:gateway|engines|benchmarks|tests|docs)/[\w/.-]*[\w/])")
+NAMED = re.compile(r"\b((?:priority_gateway|engines|benchmarks|tests|docs)/[\w/.-]*[\w/])")
 
 
 def named_paths(text: str) -> set[str]:
@@ -23,8 +23,11 @@ def test_every_module_the_guide_names_exists():
 
 
 def test_the_walk_would_see_a_module_that_is_gone():
-    assert named_paths("see `gateway/core/nowhere.py` and gateway/http/") == {"gateway/core/nowhere.py", "gateway/http"}
-    assert not (ROOT / "gateway/core/nowhere.py").exists()
+    assert named_paths("see `priority_gateway/core/nowhere.py` and priority_gateway/http/") == {
+        "priority_gateway/core/nowhere.py",
+        "priority_gateway/http",
+    }
+    assert not (ROOT / "priority_gateway/core/nowhere.py").exists()
 
 
 def test_the_readme_layout_points_to_the_guide():

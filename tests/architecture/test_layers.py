@@ -1,11 +1,11 @@
 """The layering rules, checked on every module's imports (docs/architecture.md says why each holds).
 
-- The core (``gateway/core``) is pure: no I/O, no clock, no event loop, no network or store
+- The core (``priority_gateway/core``) is pure: no I/O, no clock, no event loop, no network or store
   library, and nothing of the gateway outside the core.
 - The simulator (``engines``) knows the gateway only through the core's plain data.
 - The product imports the simulator in two places only: the embedded default
-  (``gateway/embedded.py``, which also lends the simulator's tokenizer to precise mode) and the
-  tools whose whole job is simulating or loading engines (``gateway/simulate``, ``gateway/bench``).
+  (``priority_gateway/embedded.py``, which also lends the simulator's tokenizer to precise mode) and the
+  tools whose whole job is simulating or loading engines (``priority_gateway/simulate``, ``priority_gateway/bench``).
 - Nothing imports the tests; benchmarks run on the installed package, without ``sys.path`` edits.
 """
 
@@ -54,7 +54,7 @@ CORE_FORBIDDEN = (
     "orjson",
     "yaml",
 )
-SIMULATOR_USERS = ("gateway.embedded", "gateway.simulate", "gateway.bench")
+SIMULATOR_USERS = ("priority_gateway.embedded", "priority_gateway.simulate", "priority_gateway.bench")
 
 
 def _violations(folder: str, rule) -> list[str]:
@@ -62,33 +62,46 @@ def _violations(folder: str, rule) -> list[str]:
 
 
 def test_the_core_does_no_io_reads_no_clock_and_runs_no_event_loop():
-    found = _violations("gateway/core", lambda _, imported: under(imported, *CORE_FORBIDDEN))
+    found = _violations("priority_gateway/core", lambda _, imported: under(imported, *CORE_FORBIDDEN))
     assert found == [], "the core must stay pure:\n" + "\n".join(found)
 
 
 def test_the_core_imports_nothing_of_the_gateway_outside_it():
     found = _violations(
-        "gateway/core",
-        lambda _, imported: under(imported, "gateway", "engines") and not under(imported, "gateway.core"),
+        "priority_gateway/core",
+        lambda _, imported: (
+            under(imported, "priority_gateway", "engines") and not under(imported, "priority_gateway.core")
+        ),
     )
     assert found == [], "\n".join(found)
 
 
 def test_the_simulator_knows_the_gateway_only_through_the_core():
     found = _violations(
-        "engines", lambda _, imported: under(imported, "gateway") and not under(imported, "gateway.core")
+        "engines",
+        lambda _, imported: (
+            under(imported, "priority_gateway")
+            and not under(imported, "priority_gateway.core", "priority_gateway.engines")
+        ),
     )
     assert found == [], "\n".join(found)
 
 
 def test_the_product_reaches_the_simulator_only_through_its_seams():
     found = _violations(
-        "gateway", lambda importer, imported: under(imported, "engines") and not under(importer, *SIMULATOR_USERS)
+        "priority_gateway",
+        lambda importer, imported: (
+            under(imported, "priority_gateway.engines", "engines")
+            and not under(importer, *SIMULATOR_USERS, "priority_gateway.engines")
+        ),
     )
     assert found == [], "\n".join(found)
+    # The rule sees the seam it allows: the embedded default does import the simulator.
+    seam = _violations("priority_gateway", lambda importer, imported: under(importer, "priority_gateway.embedded"))
+    assert any("priority_gateway.engines" in line for line in seam)
 
 
-@pytest.mark.parametrize("folder", ["gateway", "engines", "benchmarks"])
+@pytest.mark.parametrize("folder", ["priority_gateway", "engines", "benchmarks"])
 def test_nothing_but_the_tests_imports_the_tests(folder):
     found = _violations(folder, lambda _, imported: under(imported, "tests"))
     assert found == [], "\n".join(found)

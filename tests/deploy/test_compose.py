@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.config import load_config
+from priority_gateway.config import load_config
 from tests.deploy.support import (
     CPU_FILES,
     GPU_FILES,
@@ -225,7 +225,9 @@ def test_the_gateway_serves_with_the_compose_environment_and_the_hosts_variables
         "GATEWAY__KEYS__ADMIN_FILE": str(key_file),
     }
     args = [mount["source"] if arg == config_path else arg for arg in gateway["command"]]
-    proc = Proc([sys.executable, "-m", "gateway", *args], f"http://127.0.0.1:{port}", tmp_path / "gw.log", env=env)
+    proc = Proc(
+        [sys.executable, "-m", "priority_gateway", *args], f"http://127.0.0.1:{port}", tmp_path / "gw.log", env=env
+    )
     procs.append(proc.start())
     proc.wait_ready("/health")
     admin_key = key_file.read_text().strip()

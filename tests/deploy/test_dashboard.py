@@ -11,8 +11,8 @@ from typing import Any
 import promql_parser
 import pytest
 
-from gateway.metrics import GatewayMetrics
-from gateway.tenant_metrics import TenantMetrics
+from priority_gateway.metrics import GatewayMetrics
+from priority_gateway.tenant_metrics import TenantMetrics
 from tests.deploy.documented_metrics import GATEWAY, series_labels
 from tests.deploy.support import DEPLOY, named, render
 

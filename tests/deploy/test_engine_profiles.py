@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engines.sim.cli import build_parser
-from engines.sim.profile import available_profiles
+from priority_gateway.engines.sim.cli import build_parser
+from priority_gateway.engines.sim.profile import available_profiles
 from tests.deploy.support import POOLS, PROFILES, REPO, flag_values, profile
 
 REQUIRED_KEYS = {"pool", "image", "command", "port", "gateway", "simulator", "args"}
@@ -96,7 +96,7 @@ def test_gateway_expectation_matches_the_engine(pool: str) -> None:
 def test_simulator_stands_in_for_the_pool(pool: str) -> None:
     data = profile(pool)
     sim = data["simulator"]
-    assert sim["command"] == ["python", "-m", "engines.sim"]
+    assert sim["command"] == ["python", "-m", "priority_gateway.engines.sim"]
     parsed = build_parser().parse_args(sim["args"])
     vllm = flag_values(data["args"])
     assert parsed.profile in available_profiles()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kubernetes_validate import utils as kubernetes_schemas
 
-from gateway.config import load_config
+from priority_gateway.config import load_config
 from tests.deploy.support import (
     NAMESPACE,
     OVERLAYS,

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from gateway.config import load_config
-from gateway.tokenizers import HFTokenizer
+from priority_gateway.config import load_config
+from priority_gateway.tokenizers import HFTokenizer
 from tests.deploy.support import POOLS, REPO, container, find, pod_spec, profile, render
 from tests.deploy.test_manifests import gateway_config_file, gateway_env
 

@@ -115,7 +115,9 @@ def stack(procs: list[Proc], tmp_path_factory: pytest.TempPathFactory) -> Iterat
     }
     args = container(deployment)["args"]
     args = [str(config) if arg == "/etc/gateway/gateway.yaml" else arg for arg in args]
-    gateway = Proc([sys.executable, "-m", "gateway", *args], f"http://127.0.0.1:{port}", tmp / "gateway.log", env=env)
+    gateway = Proc(
+        [sys.executable, "-m", "priority_gateway", *args], f"http://127.0.0.1:{port}", tmp / "gateway.log", env=env
+    )
     procs.append(gateway.start())
 
     for engine in engines.values():

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.core.models import engine_tag
+from priority_gateway.core.models import engine_tag
 from tests.support.lora import make_adapter
 from tests.support.observe import wait_for
 from tests.support.procs import start_engine, start_gateway

@@ -22,7 +22,7 @@ def test_embedded_default_serves_and_cleans_up(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     proc = Proc(
-        [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
+        [sys.executable, "-m", "priority_gateway", "serve", "--port", str(port)],
         f"http://127.0.0.1:{port}",
         tmp_path / "gateway.log",
         env=env,

@@ -14,7 +14,7 @@ import openai
 import pytest
 import yaml
 
-from gateway.keys import CACHE_ENTRIES
+from priority_gateway.keys import CACHE_ENTRIES
 from tests.gateway.batch.support import MODEL, chat_line, client_for, file_lines, start_stack, submit, wait_batch
 from tests.support.observe import wait_for
 from tests.support.partial_body import post_unfinished
@@ -28,7 +28,7 @@ KEYS = {"admin": ADMIN, "refresh_s": 0.2, "cache_s": 0.3}
 
 
 def keys_cli(config, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "gateway", "keys", *args, "--config", str(config)]
+    cmd = [sys.executable, "-m", "priority_gateway", "keys", *args, "--config", str(config)]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=30)
 
 
@@ -330,8 +330,8 @@ def test_one_replica_keeps_keys_in_a_file_and_requires_them_once_one_exists(proc
 
 
 def test_a_key_names_its_tenant_weight_and_cap_and_old_records_still_load():
-    from gateway.keys import KeySpecError, new_key, principal_of
-    from gateway.store.records import ApiKey
+    from priority_gateway.keys import KeySpecError, new_key, principal_of
+    from priority_gateway.store.records import ApiKey
 
     key, _ = new_key("k", ["interactive"], tenant="team-a", weight=2.5, max_concurrency=4)
     principal = principal_of(key)

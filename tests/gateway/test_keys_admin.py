@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.config import Config, ConfigError, KeysConfig
-from gateway.keys.admin import _create, admin_key_from, with_admin_key
+from priority_gateway.config import Config, ConfigError, KeysConfig
+from priority_gateway.keys.admin import _create, admin_key_from, with_admin_key
 from tests.support.procs import ROOT, free_port, start_gateway
 
 
@@ -81,7 +81,7 @@ def test_gateway_serve_stops_with_one_line_naming_the_setting(tmp_path: Path) ->
     (tmp_path / "admin-key").write_text("")
     config = tmp_path / "gateway.yaml"
     config.write_text(f"pools: {{interactive: {{engines: ['http://127.0.0.1:{free_port()}']}}}}\n")
-    cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(free_port())]
+    cmd = [sys.executable, "-m", "priority_gateway", "serve", "--config", str(config), "--port", str(free_port())]
     env = {"GATEWAY__KEYS__ADMIN_FILE": str(tmp_path / "admin-key"), "PATH": "/usr/bin:/bin"}
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=30, env=env)
     assert done.returncode == 2

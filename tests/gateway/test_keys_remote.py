@@ -25,7 +25,7 @@ def gateway(procs, certs, tmp_path_factory):
 
 
 def keys(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "gateway", "keys", *args]
+    cmd = [sys.executable, "-m", "priority_gateway", "keys", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=30, env=env)
 
 

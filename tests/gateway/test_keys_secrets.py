@@ -1,9 +1,9 @@
 import pytest
 
-from gateway.config import KeysConfig
-from gateway.errors import ApiError
-from gateway.keys import KeyAuthenticator, KeySpecError, hash_secret, key_id_of, new_key
-from gateway.store import MemoryStore, StoreUnavailable
+from priority_gateway.config import KeysConfig
+from priority_gateway.errors import ApiError
+from priority_gateway.keys import KeyAuthenticator, KeySpecError, hash_secret, key_id_of, new_key
+from priority_gateway.store import MemoryStore, StoreUnavailable
 
 
 def test_a_secret_carries_its_key_id_and_only_its_hash_is_kept():

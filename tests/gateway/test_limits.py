@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import ConfigError, UpstreamConfig, parse_config
-from gateway.core.classes import Budget
-from gateway.limits import ClientLimits
+from priority_gateway.config import ConfigError, UpstreamConfig, parse_config
+from priority_gateway.core.classes import Budget
+from priority_gateway.limits import ClientLimits
 
 POOLS = {"pools": {"interactive": {"engines": ["http://127.0.0.1:9"]}}}
 

@@ -1,7 +1,7 @@
 """The catalog without processes: a monitor stand-in holding engines' /v1/models entries."""
 
-from gateway.config import parse_config
-from gateway.models import LISTED_IN_ERROR, Catalog
+from priority_gateway.config import parse_config
+from priority_gateway.models import LISTED_IN_ERROR, Catalog
 
 
 class Listing:

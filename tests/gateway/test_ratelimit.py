@@ -8,11 +8,11 @@ import httpx
 import openai
 import pytest
 
-from gateway.auth import Principal
-from gateway.core.request import RouteRequest
-from gateway.errors import ApiError
-from gateway.ratelimit import RateLimiter
-from gateway.store import MemoryStore, StoreUnavailable
+from priority_gateway.auth import Principal
+from priority_gateway.core.request import RouteRequest
+from priority_gateway.errors import ApiError
+from priority_gateway.ratelimit import RateLimiter
+from priority_gateway.store import MemoryStore, StoreUnavailable
 from tests.gateway.batch.support import MODEL, client_for, start_stack
 
 

@@ -1,15 +1,15 @@
-"""The scheduler carries every decision of the core out on the event loop (``gateway/scheduler.py``)."""
+"""The scheduler carries every decision of the core out on the event loop (``priority_gateway/scheduler.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from gateway.core.classes import BATCH, INTERACTIVE, Budget
-from gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, PoolSpec, Queued, Rejection
-from gateway.core.limiter import LimitSettings
-from gateway.core.reasons import Refusal
-from gateway.core.request import RouteRequest
-from gateway.scheduler import Scheduler
+from priority_gateway.core.classes import BATCH, INTERACTIVE, Budget
+from priority_gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, PoolSpec, Queued, Rejection
+from priority_gateway.core.limiter import LimitSettings
+from priority_gateway.core.reasons import Refusal
+from priority_gateway.core.request import RouteRequest
+from priority_gateway.scheduler import Scheduler
 
 
 def scheduler(max_queue: int = 10, limit: float = 1.0) -> Scheduler:

@@ -1,5 +1,5 @@
-from gateway.metrics import GatewayMetrics
-from gateway.tenant_metrics import ANONYMOUS, OTHER, TenantLabels, TenantMetrics
+from priority_gateway.metrics import GatewayMetrics
+from priority_gateway.tenant_metrics import ANONYMOUS, OTHER, TenantLabels, TenantMetrics
 
 
 def test_labels_are_bounded_and_the_first_tenants_keep_theirs():

@@ -1,6 +1,6 @@
 """Real processes on loopback for integration tests: engines, gateways, redis.
 
-The processes themselves are ``gateway.loopback``'s (the benchmarks use them too); here they run
+The processes themselves are ``priority_gateway.loopback``'s (the benchmarks use them too); here they run
 from the repository's root, and the misbehaving engine and the one-engine stack are tests' own.
 """
 
@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway import loopback
-from gateway.loopback import free_port, rss_bytes
+from priority_gateway import loopback
+from priority_gateway.loopback import free_port, rss_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 

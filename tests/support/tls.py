@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from gateway.loopback import Proc
+from priority_gateway.loopback import Proc
 from tests.support.procs import start_gateway
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.vllm.serve import DEFAULT_MODEL, DEFAULT_PYTHON, Engine, EngineSpec, start
+from priority_gateway.engines.vllm.serve import DEFAULT_MODEL, DEFAULT_PYTHON, Engine, EngineSpec, start
 from tests.support.procs import free_port
 
 MODEL = "tiny"

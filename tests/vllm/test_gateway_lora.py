@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
-from engines.vllm.serve import REPO, Engine, EngineSpec, start
-from gateway.core.models import engine_tag
+from priority_gateway.core.models import engine_tag
+from priority_gateway.engines.vllm.serve import REPO, Engine, EngineSpec, start
 from tests.support.observe import metric, wait_for
 from tests.support.procs import Proc, free_port, start_gateway
 
@@ -34,7 +34,17 @@ def stack(procs: list[Proc], tmp_path_factory: pytest.TempPathFactory) -> Iterat
     engine: Engine = start(EngineSpec(port=free_port(), core=1, max_num_seqs=4, extra_args=FLAGS), logs / "vllm.log")
     try:
         port = free_port()
-        cmd = [sys.executable, "-m", "engines.sim", "--host", "127.0.0.1", "--port", str(port), "--model", "other"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "priority_gateway.engines.sim",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--model",
+            "other",
+        ]
         sim = Proc(cmd, f"http://127.0.0.1:{port}", logs / "sim.log").start()
         procs.append(sim)
         sim.wait_ready()

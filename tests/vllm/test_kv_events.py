@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from gateway.upstream.kv_events import BlockStored, KVEventBatch, KVEventSubscriber
+from priority_gateway.upstream.kv_events import BlockStored, KVEventBatch, KVEventSubscriber
 from tests.vllm.client import MODEL, unique_prompt
 from tests.vllm.conftest import BLOCK_SIZE, VllmEngines
 

@@ -19,7 +19,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engines.vllm.serve import DEFAULT_MODEL, REPO, Engine, EngineSpec, start
+from priority_gateway.engines.vllm.serve import DEFAULT_MODEL, REPO, Engine, EngineSpec, start
 from tests.support.procs import Proc, free_port
 
 pytestmark = pytest.mark.vllm
@@ -53,7 +53,17 @@ def urls(procs: list[Proc], tmp_path_factory: pytest.TempPathFactory) -> Iterato
             EngineSpec(port=free_port(), core=1, max_num_seqs=4, extra_args=FLAGS), logs / "vllm.log"
         )
         port = free_port()
-        cmd = [sys.executable, "-m", "engines.sim", "--host", "127.0.0.1", "--port", str(port), "--profile", "tiny-cpu"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "priority_gateway.engines.sim",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--profile",
+            "tiny-cpu",
+        ]
         cmd += ["--model", str(DEFAULT_MODEL), "--max-num-seqs", "4", *FLAGS]
         sim = Proc(cmd, f"http://127.0.0.1:{port}", logs / "sim.log").start()
     procs.append(sim)

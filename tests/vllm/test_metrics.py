@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway.upstream.scrape import parse_vllm_metrics
+from priority_gateway.upstream.scrape import parse_vllm_metrics
 from tests.vllm.client import metric_sum, metric_values, unique_prompt
 from tests.vllm.conftest import BLOCK_SIZE, VllmEngines
 

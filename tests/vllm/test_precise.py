@@ -8,8 +8,8 @@ import time
 import httpx
 import pytest
 
-from engines.vllm.serve import DEFAULT_MODEL
-from gateway.tokenizers import HFTokenizer
+from priority_gateway.engines.vllm.serve import DEFAULT_MODEL
+from priority_gateway.tokenizers import HFTokenizer
 from tests.support.procs import Proc, start_gateway
 from tests.vllm.client import MODEL, metric_sum
 from tests.vllm.conftest import VllmEngines

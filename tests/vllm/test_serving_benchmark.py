@@ -27,8 +27,8 @@ import httpx
 import orjson
 import pytest
 
-from engines.vllm.serve import DEFAULT_MODEL, DEFAULT_PYTHON
-from gateway.upstream.h1 import EngineClient
+from priority_gateway.engines.vllm.serve import DEFAULT_MODEL, DEFAULT_PYTHON
+from priority_gateway.upstream.h1 import EngineClient
 from tests.support.observe import metric
 from tests.support.procs import Proc, free_port
 
@@ -86,7 +86,7 @@ async def hammer(url: str, clients: int, seconds: float) -> Counter[int]:
 @pytest.fixture
 def gateway(procs: list[Proc], tmp_path: Path) -> Proc:
     port = free_port()
-    cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "priority_gateway", "serve", "--port", str(port)]
     proc = Proc(cmd, f"http://127.0.0.1:{port}", tmp_path / "gateway.log").start()
     procs.append(proc)
     return proc.wait_ready("/ready", timeout=60)

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture(scope="module")
 def sim(procs: list[Proc], tmp_path_factory: pytest.TempPathFactory) -> Proc:
     port = free_port()
-    cmd = [sys.executable, "-m", "engines.sim", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [sys.executable, "-m", "priority_gateway.engines.sim", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--profile", "tiny-cpu", "--model", MODEL, "--enable-prompt-tokens-details"]
     proc = Proc(cmd, f"http://127.0.0.1:{port}", tmp_path_factory.mktemp("sim") / "sim.log").start()
     procs.append(proc)

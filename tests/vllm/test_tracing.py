@@ -12,7 +12,7 @@ from unittest import mock
 import openai
 import pytest
 
-from engines.vllm.serve import Engine, EngineSpec, start
+from priority_gateway.engines.vllm.serve import Engine, EngineSpec, start
 from tests.support.otlp import OtlpReceiver
 from tests.support.procs import Proc, free_port, start_gateway
 from tests.vllm.client import MODEL

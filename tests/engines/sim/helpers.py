@@ -6,9 +6,9 @@ from typing import Any
 
 import xxhash
 
-from engines.sim.core import EngineCore, EngineRequest, StepOutput
-from engines.sim.profile import Profile, Speculative, Timing
-from engines.sim.tokens import block_hashes_for_trace
+from priority_gateway.engines.sim.core import EngineCore, EngineRequest, StepOutput
+from priority_gateway.engines.sim.profile import Profile, Speculative, Timing
+from priority_gateway.engines.sim.tokens import block_hashes_for_trace
 
 
 def small_profile(speculative: Speculative | None = None, **engine: Any) -> Profile:

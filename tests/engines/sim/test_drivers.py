@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from engines.sim import virtual
-from engines.sim.core import EngineCore, EngineRequest
-from engines.sim.profile import Profile, Timing
-from engines.sim.realtime import RealtimeDriver
+from priority_gateway.engines.sim import virtual
+from priority_gateway.engines.sim.core import EngineCore, EngineRequest
+from priority_gateway.engines.sim.profile import Profile, Timing
+from priority_gateway.engines.sim.realtime import RealtimeDriver
 
 from .helpers import unique_hashes
 

@@ -1,5 +1,5 @@
-from engines.sim.kv_cache import KVCache
-from gateway.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from priority_gateway.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from priority_gateway.engines.sim.kv_cache import KVCache
 
 
 def fill(cache: KVCache, hashes: list[int]) -> list[int]:

@@ -1,6 +1,6 @@
 import pytest
 
-from engines.sim.lora import RUNNING_EVENT, WAITING_EVENT, LoraAdapter, LoraRequestStates, LoraSlots
+from priority_gateway.engines.sim.lora import RUNNING_EVENT, WAITING_EVENT, LoraAdapter, LoraRequestStates, LoraSlots
 
 A, B, C, D = (LoraAdapter(name, i, f"/adapters/{name}") for i, name in enumerate("abcd", start=1))
 

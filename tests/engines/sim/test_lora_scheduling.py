@@ -6,12 +6,12 @@ from dataclasses import replace
 import msgpack
 import pytest
 
-from engines.sim import virtual
-from engines.sim.core import PRIORITY, EngineCore
-from engines.sim.kv_events import encode_batch
-from engines.sim.lora import LoraAdapter
-from engines.sim.profile import LoraCosts
-from gateway.core.kv_events import BlockStored
+from priority_gateway.core.kv_events import BlockStored
+from priority_gateway.engines.sim import virtual
+from priority_gateway.engines.sim.core import PRIORITY, EngineCore
+from priority_gateway.engines.sim.kv_events import encode_batch
+from priority_gateway.engines.sim.lora import LoraAdapter
+from priority_gateway.engines.sim.profile import LoraCosts
 
 from .helpers import request, run, shared_hashes, small_profile
 

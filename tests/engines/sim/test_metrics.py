@@ -2,10 +2,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engines.sim.core import EngineCore
-from engines.sim.lora import LoraAdapter
-from engines.sim.metrics import MetricsPage
-from engines.sim.profile import load_profile
+from priority_gateway.engines.sim.core import EngineCore
+from priority_gateway.engines.sim.lora import LoraAdapter
+from priority_gateway.engines.sim.metrics import MetricsPage
+from priority_gateway.engines.sim.profile import load_profile
 
 from .helpers import request, run
 

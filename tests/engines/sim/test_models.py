@@ -3,8 +3,14 @@ import json
 import orjson
 import pytest
 
-from engines.sim.models import LoraModule, ServedModels, parse_lora_module, read_adapter_rank, runtime_lora_updating
-from engines.sim.protocol import ApiError
+from priority_gateway.engines.sim.models import (
+    LoraModule,
+    ServedModels,
+    parse_lora_module,
+    read_adapter_rank,
+    runtime_lora_updating,
+)
+from priority_gateway.engines.sim.protocol import ApiError
 from tests.support.lora import make_adapter
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from engines.sim.profile import Timing, available_profiles, load_profile, profile_from_dict
+from priority_gateway.engines.sim.profile import Timing, available_profiles, load_profile, profile_from_dict
 
 
 def test_every_shipped_profile_loads():

@@ -6,8 +6,8 @@ import httpx
 import openai
 import pytest
 
-from engines.sim import tokens
-from engines.sim.responses import parse_responses, prompt_messages
+from priority_gateway.engines.sim import tokens
+from priority_gateway.engines.sim.responses import parse_responses, prompt_messages
 from tests.support.procs import start_engine
 
 MODEL = "sim-model"

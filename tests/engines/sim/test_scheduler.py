@@ -1,7 +1,7 @@
 import pytest
 
-from engines.sim.core import FCFS, PRIORITY, EngineCore, SharedDevice
-from engines.sim.profile import Profile, Timing
+from priority_gateway.engines.sim.core import FCFS, PRIORITY, EngineCore, SharedDevice
+from priority_gateway.engines.sim.profile import Profile, Timing
 
 from .helpers import completion_order, request, run, shared_hashes, small_profile, tokens_of
 

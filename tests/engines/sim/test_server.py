@@ -1,4 +1,4 @@
-"""The simulated engine as a user runs it: ``python -m engines.sim`` on loopback, the openai client."""
+"""The simulated engine as a user runs it: ``python -m priority_gateway.engines.sim`` on loopback, the openai client."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import openai
 import pytest
 import zmq
 
-from engines.sim import tokens
+from priority_gateway.engines.sim import tokens
 from tests.support.observe import metric, wait_for
 from tests.support.procs import free_port, start_engine
 

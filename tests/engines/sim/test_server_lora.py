@@ -18,7 +18,18 @@ ROOT = "/models/base-7b"
 
 def start(tmp, *args: str, runtime_updating: bool = False) -> Proc:
     port = free_port()
-    cmd = [sys.executable, "-m", "engines.sim", "--host", "127.0.0.1", "--port", str(port), "--model", ROOT, *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "priority_gateway.engines.sim",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        ROOT,
+        *args,
+    ]
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True" if runtime_updating else "0"}
     return Proc(cmd, f"http://127.0.0.1:{port}", tmp / f"engine-{port}.log", env=env).start()
 

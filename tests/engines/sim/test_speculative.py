@@ -1,5 +1,5 @@
-from engines.sim.core import EngineCore
-from engines.sim.profile import Speculative
+from priority_gateway.engines.sim.core import EngineCore
+from priority_gateway.engines.sim.profile import Speculative
 
 from .helpers import request, run, small_profile, tokens_of
 

@@ -1,7 +1,7 @@
-from engines.sim import virtual
-from engines.sim.core import EngineCore
-from engines.sim.profile import load_profile
-from engines.sim.sweep import percentile, run_level, run_sweep
+from priority_gateway.engines.sim import virtual
+from priority_gateway.engines.sim.core import EngineCore
+from priority_gateway.engines.sim.profile import load_profile
+from priority_gateway.engines.sim.sweep import percentile, run_level, run_sweep
 
 from .helpers import request, small_profile
 

@@ -1,4 +1,4 @@
-from engines.sim import tokens
+from priority_gateway.engines.sim import tokens
 
 
 def test_a_token_is_four_characters_of_the_rendered_prompt():

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gateway.config import ConfigError, parse_config
+from priority_gateway.config import ConfigError, parse_config
 from tests.gateway.batch.support import chat_line, client_for, submit, wait_batch
 from tests.support.observe import metric
 from tests.support.procs import free_port, start_engine, start_gateway

@@ -4,7 +4,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.batch.validate import MAX_ERRORS, parse_input
+from priority_gateway.batch.validate import MAX_ERRORS, parse_input
 
 ENDPOINT = "/v1/chat/completions"
 

@@ -8,10 +8,10 @@ import json
 import httpx
 import pytest
 
-from gateway.bench import loadgen
-from gateway.bench.workload import SyntheticWorkload
-from gateway.cli import main
-from gateway.upstream.h1 import EngineClient
+from priority_gateway.bench import loadgen
+from priority_gateway.bench.workload import SyntheticWorkload
+from priority_gateway.cli import main
+from priority_gateway.upstream.h1 import EngineClient
 from tests.support.procs import start_engine, start_gateway
 
 STEP_MS = 5.0

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from gateway.bench.clients import HttpxClient, open_client
-from gateway.cli import main
-from gateway.upstream.h1 import EngineClient
+from priority_gateway.bench.clients import HttpxClient, open_client
+from priority_gateway.cli import main
+from priority_gateway.upstream.h1 import EngineClient
 from tests.support.procs import start_engine
 from tests.support.tls import start_https_gateway
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import orjson
 
-from gateway.bench.loadgen import Target, _content, _error_key, _EventReader
-from gateway.bench.workload import RequestSpec
-from gateway.upstream.h1 import EngineClient
+from priority_gateway.bench.loadgen import Target, _content, _error_key, _EventReader
+from priority_gateway.bench.workload import RequestSpec
+from priority_gateway.upstream.h1 import EngineClient
 
 
 def test_body_streams_with_usage_ignore_eos_and_max_tokens():

@@ -11,7 +11,7 @@ import matplotlib
 import pytest
 from matplotlib.container import BarContainer
 
-from gateway.bench.report import figure
+from priority_gateway.bench.report import figure
 
 matplotlib.use("Agg")
 PLAIN = re.compile(r"^\d+(\.\d+)?$")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.bench.loadgen import Sample
-from gateway.bench.stats import meets_slo, summarize
+from priority_gateway.bench.loadgen import Sample
+from priority_gateway.bench.stats import meets_slo, summarize
 
 
 def sample(sent, chunks, tokens=None, error=None, **flags):

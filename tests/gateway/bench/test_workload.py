@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.bench.workload import (
+from priority_gateway.bench.workload import (
     FIRST_ORDINARY_ID,
     SyntheticWorkload,
     TokenIds,
@@ -10,7 +10,7 @@ from gateway.bench.workload import (
     trace_prompt,
     trace_token_ids,
 )
-from gateway.simulate.traces import TRACE_BLOCK_TOKENS, TraceRequest, scale_blocks
+from priority_gateway.simulate.traces import TRACE_BLOCK_TOKENS, TraceRequest, scale_blocks
 
 BLOCK_CHARS = 64
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, get_args, get_origin
 
-from gateway.config import Config
-from gateway.config.reference import sections
-from gateway.config.schema import open_field, type_hints
+from priority_gateway.config import Config
+from priority_gateway.config.reference import sections
+from priority_gateway.config.schema import open_field, type_hints
 
 POOLS = {"interactive": {"engines": ["http://127.0.0.1:8001"]}, "batch": {"engines": ["http://127.0.0.1:8003"]}}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config.reference import render
+from priority_gateway.config.reference import render
 
 ROOT = Path(__file__).resolve().parents[3]
 GOOD = "pools:\n  p:\n    engines: [http://127.0.0.1:9]\n"
@@ -18,7 +18,7 @@ GOOD = "pools:\n  p:\n    engines: [http://127.0.0.1:9]\n"
 def gateway(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
+        [sys.executable, "-m", "priority_gateway", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -2,9 +2,9 @@
 
 import pytest
 
-from gateway.config import Config, ConfigError, load_config
-from gateway.config.env import unread
-from gateway.config.schema import type_hints
+from priority_gateway.config import Config, ConfigError, load_config
+from priority_gateway.config.env import unread
+from priority_gateway.config.schema import type_hints
 from tests.gateway.config.support import section_class, section_paths, typo
 
 MINIMAL = """

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gateway.config import ConfigError, Raw, load_config
+from priority_gateway.config import ConfigError, Raw, load_config
 
 MINIMAL = "pools:\n  p:\n    engines: [http://127.0.0.1:8001]\n"
 

@@ -8,10 +8,10 @@ from typing import get_args
 
 import pytest
 
-from gateway.config import Config
-from gateway.config.env import section_type
-from gateway.config.reference import render, sections
-from gateway.config.schema import open_field, type_hints
+from priority_gateway.config import Config
+from priority_gateway.config.env import section_type
+from priority_gateway.config.reference import render, sections
+from priority_gateway.config.schema import open_field, type_hints
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "configuration.md"

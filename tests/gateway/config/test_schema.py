@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 import pytest
 from annotated_types import Ge, Interval
 
-from gateway.config.schema import ConfigError, Raw, build, describe
+from priority_gateway.config.schema import ConfigError, Raw, build, describe
 
 
 @dataclass(frozen=True, slots=True)

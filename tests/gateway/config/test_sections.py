@@ -5,12 +5,12 @@ from dataclasses import asdict, fields
 
 import pytest
 
-from gateway.config import ClassesConfig, Config, ConfigError, PrefixPolicyConfig, load_config, parse_config
-from gateway.config.schema import open_field, type_hints
-from gateway.core.classes import CLASSES
-from gateway.core.dispatcher import AdmissionSettings
-from gateway.core.prefix_policy import PrefixAffinity
-from gateway.runtime import admission_settings, build_dispatcher
+from priority_gateway.config import ClassesConfig, Config, ConfigError, PrefixPolicyConfig, load_config, parse_config
+from priority_gateway.config.schema import open_field, type_hints
+from priority_gateway.core.classes import CLASSES
+from priority_gateway.core.dispatcher import AdmissionSettings
+from priority_gateway.core.prefix_policy import PrefixAffinity
+from priority_gateway.runtime import admission_settings, build_dispatcher
 from tests.gateway.config.support import POOLS, section_class, section_paths, typo, with_value
 
 MINIMAL = """

@@ -1,4 +1,4 @@
-from gateway.core.affinity import AffinityIndex
+from priority_gateway.core.affinity import AffinityIndex
 
 
 def test_match_counts_leading_blocks_per_engine():

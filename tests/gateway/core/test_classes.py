@@ -1,7 +1,7 @@
 import pytest
 
-from gateway.core.classes import BATCH, INTERACTIVE, Budget, ClassificationError, classify
-from gateway.core.reasons import Refusal
+from priority_gateway.core.classes import BATCH, INTERACTIVE, Budget, ClassificationError, classify
+from priority_gateway.core.reasons import Refusal
 
 
 def test_header_is_case_insensitive_and_absent_means_default():

@@ -2,12 +2,20 @@
 
 import math
 
-from gateway.core.classes import BATCH, INTERACTIVE, Budget
-from gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, PoolSpec, Preempted, Queued, Rejection
-from gateway.core.engines import EngineMetrics
-from gateway.core.limiter import LimitSettings
-from gateway.core.reasons import Refusal
-from gateway.core.request import RouteRequest
+from priority_gateway.core.classes import BATCH, INTERACTIVE, Budget
+from priority_gateway.core.dispatcher import (
+    AdmissionSettings,
+    Dispatch,
+    Dispatcher,
+    PoolSpec,
+    Preempted,
+    Queued,
+    Rejection,
+)
+from priority_gateway.core.engines import EngineMetrics
+from priority_gateway.core.limiter import LimitSettings
+from priority_gateway.core.reasons import Refusal
+from priority_gateway.core.request import RouteRequest
 
 SLO = Budget(ttft_s=0.5, itl_s=0.05)
 

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from gateway.core.classes import BATCH, INTERACTIVE, Budget
-from gateway.core.dispatcher import (
+from priority_gateway.core.classes import BATCH, INTERACTIVE, Budget
+from priority_gateway.core.dispatcher import (
     AdmissionSettings,
     Decisions,
     Dispatch,
@@ -28,8 +28,8 @@ from gateway.core.dispatcher import (
     Queued,
     Rejection,
 )
-from gateway.core.limiter import LimitSettings
-from gateway.core.request import RouteRequest
+from priority_gateway.core.limiter import LimitSettings
+from priority_gateway.core.request import RouteRequest
 
 ENGINES = ("i0", "i1", "b0")
 

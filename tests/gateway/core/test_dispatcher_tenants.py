@@ -1,9 +1,9 @@
 """Classes beyond two, tenant fair shares and concurrency caps, as the dispatcher applies them."""
 
-from gateway.core.classes import BATCH, INTERACTIVE, Budget, ClassSpec, ClassTable
-from gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, PoolSpec, Queued, Rejection
-from gateway.core.limiter import LimitSettings
-from gateway.core.request import RouteRequest
+from priority_gateway.core.classes import BATCH, INTERACTIVE, Budget, ClassSpec, ClassTable
+from priority_gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, PoolSpec, Queued, Rejection
+from priority_gateway.core.limiter import LimitSettings
+from priority_gateway.core.request import RouteRequest
 
 FOUR = ClassTable(
     [

@@ -3,7 +3,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core.fair_queue import FairQueue
+from priority_gateway.core.fair_queue import FairQueue
 
 WEIGHTS = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 1.0}
 

@@ -5,11 +5,11 @@ import math
 
 import pytest
 
-from gateway.core.classes import INTERACTIVE, Budget
-from gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, PoolSpec, Queued
-from gateway.core.limiter import LimitSettings
-from gateway.core.request import RouteRequest
-from gateway.core.sharing import Batch, EngineLoad, Learned, decode, encode
+from priority_gateway.core.classes import INTERACTIVE, Budget
+from priority_gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, PoolSpec, Queued
+from priority_gateway.core.limiter import LimitSettings
+from priority_gateway.core.request import RouteRequest
+from priority_gateway.core.sharing import Batch, EngineLoad, Learned, decode, encode
 from tests.gateway.core.test_sharing import Channel
 
 ENGINE = "http://e0:8000"

@@ -6,7 +6,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core.limiter import ConcurrencyLimit, LimitSettings
+from priority_gateway.core.limiter import ConcurrencyLimit, LimitSettings
 
 
 def run(itl_of, seconds=600.0, budget=0.05, tokens_per_s=30.0, seed=0, start=None):

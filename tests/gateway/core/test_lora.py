@@ -1,11 +1,11 @@
 """LoRA slots and residency, and how the prefix policy weighs them."""
 
-from gateway.core.dispatcher import Dispatch, Dispatcher, PoolSpec
-from gateway.core.engines import EngineMetrics
-from gateway.core.lora import AdapterSlots, LoraInfo
-from gateway.core.models import cache_key
-from gateway.core.prefix import chain_seed, estimate_tokens, hash_blocks
-from gateway.core.request import RouteRequest
+from priority_gateway.core.dispatcher import Dispatch, Dispatcher, PoolSpec
+from priority_gateway.core.engines import EngineMetrics
+from priority_gateway.core.lora import AdapterSlots, LoraInfo
+from priority_gateway.core.models import cache_key
+from priority_gateway.core.prefix import chain_seed, estimate_tokens, hash_blocks
+from priority_gateway.core.request import RouteRequest
 
 ENGINES = [f"http://e{i}:8000" for i in range(4)]
 

@@ -4,10 +4,10 @@ from collections import Counter
 
 import pytest
 
-from gateway.core.dispatcher import Dispatch, Dispatcher, PoolSpec, Rejection
-from gateway.core.models import Aliases, Split, cache_key, engine_tag, serves
-from gateway.core.reasons import Refusal
-from gateway.core.request import RouteRequest
+from priority_gateway.core.dispatcher import Dispatch, Dispatcher, PoolSpec, Rejection
+from priority_gateway.core.models import Aliases, Split, cache_key, engine_tag, serves
+from priority_gateway.core.reasons import Refusal
+from priority_gateway.core.request import RouteRequest
 
 
 def test_a_declared_model_is_served_even_before_engines_answer():
@@ -71,7 +71,7 @@ def _req(i: int, model: str, cls: str = "interactive") -> RouteRequest:
 
 
 def _two_models(admission: bool = False) -> Dispatcher:
-    from gateway.core.dispatcher import AdmissionSettings
+    from priority_gateway.core.dispatcher import AdmissionSettings
 
     d = Dispatcher(
         [
@@ -106,8 +106,8 @@ def test_engines_of_one_pool_that_list_different_models_get_only_theirs():
 
 
 def test_overflow_only_into_pools_that_serve_the_model():
-    from gateway.core.dispatcher import AdmissionSettings
-    from gateway.core.limiter import LimitSettings
+    from priority_gateway.core.dispatcher import AdmissionSettings
+    from priority_gateway.core.limiter import LimitSettings
 
     d = Dispatcher(
         [

@@ -1,7 +1,7 @@
-from gateway.core.dispatcher import Dispatch, Dispatcher, PoolSpec
-from gateway.core.kv_events import AllBlocksCleared, BlockStored
-from gateway.core.precise import ROOT, PreciseIndex, token_block_hashes
-from gateway.core.request import RouteRequest
+from priority_gateway.core.dispatcher import Dispatch, Dispatcher, PoolSpec
+from priority_gateway.core.kv_events import AllBlocksCleared, BlockStored
+from priority_gateway.core.precise import ROOT, PreciseIndex, token_block_hashes
+from priority_gateway.core.request import RouteRequest
 
 TOKENS = list(range(1000, 1000 + 64))  # four blocks of 16
 

@@ -1,6 +1,6 @@
 import pytest
 
-from gateway.core.prefix import (
+from priority_gateway.core.prefix import (
     TokenPromptError,
     chain_seed,
     hash_blocks,

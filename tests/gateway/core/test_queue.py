@@ -1,10 +1,10 @@
-"""The pool's wait queue: order, deadlines, shedding and cancellation (``gateway/core/queue.py``)."""
+"""The pool's wait queue: order, deadlines, shedding and cancellation (``priority_gateway/core/queue.py``)."""
 
 from __future__ import annotations
 
-from gateway.core.classes import BATCH, INTERACTIVE
-from gateway.core.queue import WaitQueue
-from gateway.core.request import RouteRequest
+from priority_gateway.core.classes import BATCH, INTERACTIVE
+from priority_gateway.core.queue import WaitQueue
+from priority_gateway.core.request import RouteRequest
 
 
 def req(rid: str, cls: str = INTERACTIVE, arrival: float = 0.0) -> RouteRequest:

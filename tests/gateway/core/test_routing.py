@@ -1,4 +1,4 @@
-"""The stateless routing policies and the policy registry (``gateway/core/routing.py``)."""
+"""The stateless routing policies and the policy registry (``priority_gateway/core/routing.py``)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from collections import Counter
 
 import pytest
 
-from gateway.core.engines import EngineState
-from gateway.core.prefix_policy import PrefixAffinity
-from gateway.core.request import RouteRequest
-from gateway.core.routing import LeastLoaded, RoundRobin, make_policy
+from priority_gateway.core.engines import EngineState
+from priority_gateway.core.prefix_policy import PrefixAffinity
+from priority_gateway.core.request import RouteRequest
+from priority_gateway.core.routing import LeastLoaded, RoundRobin, make_policy
 
 REQ = RouteRequest("r", "interactive", "m", 0.0)
 

@@ -1,6 +1,6 @@
 """The safe share: how many replicas split a limit while the channel is down, and when it ends."""
 
-from gateway.core.safe_share import SafeShare
+from priority_gateway.core.safe_share import SafeShare
 
 
 def test_the_replicas_heard_lately_split_the_limit_and_the_count_holds_through_the_outage():

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core.dispatcher import Dispatch, Dispatcher, PoolSpec
-from gateway.core.engines import EngineMetrics
-from gateway.core.prefix import chain_seed, estimate_tokens, hash_blocks
-from gateway.core.request import RouteRequest
-from gateway.core.sharing import Batch, EngineLoad, Learned, Peers, RoutedBlocks, decode, encode
+from priority_gateway.core.dispatcher import Dispatch, Dispatcher, PoolSpec
+from priority_gateway.core.engines import EngineMetrics
+from priority_gateway.core.prefix import chain_seed, estimate_tokens, hash_blocks
+from priority_gateway.core.request import RouteRequest
+from priority_gateway.core.sharing import Batch, EngineLoad, Learned, Peers, RoutedBlocks, decode, encode
 
 ENGINES = [f"http://e{i}:8000" for i in range(4)]
 SYSTEM = "<system> You answer questions about the shared handbook. " * 20

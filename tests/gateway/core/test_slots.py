@@ -2,7 +2,7 @@
 
 import pytest
 
-from gateway.core.slots import FullEngine, Running, SlotTimes
+from priority_gateway.core.slots import FullEngine, Running, SlotTimes
 
 
 def paced(gap: float = 0.035) -> SlotTimes:

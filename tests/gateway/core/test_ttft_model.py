@@ -1,4 +1,4 @@
-from gateway.core.ttft_model import TTFTModel
+from priority_gateway.core.ttft_model import TTFTModel
 
 
 def test_learns_fixed_cost_plus_per_token_prefill():

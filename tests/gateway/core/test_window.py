@@ -1,6 +1,6 @@
 import random
 
-from gateway.core.window import EDGES, LatencyWindow
+from priority_gateway.core.window import EDGES, LatencyWindow
 
 
 def test_quantile_is_close_to_the_exact_one():

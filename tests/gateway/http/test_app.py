@@ -6,9 +6,9 @@ import httpx
 import orjson
 import pytest
 
-from gateway.config import parse_config
-from gateway.http.app import GatewayApp
-from gateway.runtime import Gateway
+from priority_gateway.config import parse_config
+from priority_gateway.http.app import GatewayApp
+from priority_gateway.runtime import Gateway
 from tests.support.asgi import call
 from tests.support.procs import free_port, start_gateway
 

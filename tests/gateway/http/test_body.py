@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.errors import ApiError
-from gateway.http.body import echo, max_tokens_of, parse_body, with_priority
+from priority_gateway.errors import ApiError
+from priority_gateway.http.body import echo, max_tokens_of, parse_body, with_priority
 
 
 def test_priority_is_appended_to_the_raw_body():

@@ -178,7 +178,7 @@ def test_a_client_flood_at_the_descriptor_limit_leaves_engines_healthy(procs, tm
         )
     )
     # 400 descriptors, hard limit too: the gateway cannot raise it.
-    cmd = ["prlimit", "--nofile=400:400", sys.executable, "-m", "gateway", "serve", "--config", str(config)]
+    cmd = ["prlimit", "--nofile=400:400", sys.executable, "-m", "priority_gateway", "serve", "--config", str(config)]
     gw = Proc([*cmd, "--port", str(port)], f"http://127.0.0.1:{port}", tmp / "gateway.log").start()
     procs.append(gw)
     gw.wait_ready("/ready")

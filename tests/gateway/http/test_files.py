@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.http.files import FORM_OVERHEAD
+from priority_gateway.http.files import FORM_OVERHEAD
 from tests.gateway.batch.support import chat_line, client_for, jsonl, start_stack, wait_batch
 from tests.support.observe import wait_for
 from tests.support.partial_body import post_unfinished

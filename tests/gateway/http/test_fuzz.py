@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.config import parse_config
-from gateway.http.app import GatewayApp
-from gateway.runtime import Gateway
+from priority_gateway.config import parse_config
+from priority_gateway.http.app import GatewayApp
+from priority_gateway.runtime import Gateway
 from tests.support.asgi import Answer, call
 from tests.support.procs import start_engine, start_gateway
 

@@ -1,6 +1,6 @@
 import orjson
 
-from gateway.http.model_names import ModelNames, with_model
+from priority_gateway.http.model_names import ModelNames, with_model
 
 
 def test_the_served_name_becomes_the_public_one_only_as_models_value():

@@ -3,8 +3,8 @@
 import orjson
 import pytest
 
-from gateway.core.reasons import Refusal
-from gateway.http.refusals import ANSWERS, refused
+from priority_gateway.core.reasons import Refusal
+from priority_gateway.http.refusals import ANSWERS, refused
 
 
 def test_every_reason_the_core_gives_has_an_answer():

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.http.tracing import TracingError, from_environment, wanted
+from priority_gateway.http.tracing import TracingError, from_environment, wanted
 from tests.gateway.batch.support import chat_line, submit, wait_batch
 from tests.support.otlp import OtlpReceiver
 from tests.support.procs import ROOT, free_port, start_engine, start_gateway
@@ -165,7 +165,7 @@ def test_gateway_serve_refuses_to_start_when_tracing_cannot_run(tmp_path):
     config = tmp_path / "gateway.yaml"
     config.write_text("pools:\n  interactive:\n    engines: ['http://127.0.0.1:9']\n")
     env = {**os.environ, "OTEL_TRACES_EXPORTER": "jaeger"}
-    cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(free_port())]
+    cmd = [sys.executable, "-m", "priority_gateway", "serve", "--config", str(config), "--port", str(free_port())]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "OTEL_TRACES_EXPORTER='jaeger'" in done.stderr
 
@@ -175,10 +175,10 @@ def test_tracing_off_loads_no_sdk():
     exporter is even imported (redis imports the SDK's metrics for its own use when installed)."""
     script = (
         "import sys\n"
-        "from gateway.config import load_config\n"
-        "from gateway.http.app import GatewayApp\n"
-        "from gateway.runtime import Gateway\n"
-        "from gateway.http.tracing import from_environment\n"
+        "from priority_gateway.config import load_config\n"
+        "from priority_gateway.http.app import GatewayApp\n"
+        "from priority_gateway.runtime import Gateway\n"
+        "from priority_gateway.http.tracing import from_environment\n"
         "config = load_config(base={'pools': {'interactive': {'engines': ['http://127.0.0.1:9']}}})\n"
         "gateway = Gateway(config)\n"
         "gateway.tracing = from_environment()\n"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.simulate.cli import _flood_source, add_arguments, build_setup
-from gateway.simulate.cluster import Cluster, hit_ceiling
-from gateway.simulate.traces import TraceRequest, load_trace
+from priority_gateway.simulate.cli import _flood_source, add_arguments, build_setup
+from priority_gateway.simulate.cluster import Cluster, hit_ceiling
+from priority_gateway.simulate.traces import TraceRequest, load_trace
 
 ROOT = Path(__file__).parents[3]
 MOONCAKE = ROOT / "benchmarks" / "traces" / "mooncake" / "conversation_trace.jsonl"
@@ -17,7 +17,7 @@ MOONCAKE = ROOT / "benchmarks" / "traces" / "mooncake" / "conversation_trace.jso
 
 def sim(*args: str) -> dict:
     out = subprocess.run(
-        [sys.executable, "-m", "gateway", "sim", *args], capture_output=True, text=True, check=True, cwd=ROOT
+        [sys.executable, "-m", "priority_gateway", "sim", *args], capture_output=True, text=True, check=True, cwd=ROOT
     )
     return json.loads(out.stdout)
 
@@ -145,7 +145,7 @@ def test_precise_mode_predicts_what_the_engines_really_serve_from_cache(replicas
 def test_bad_policy_options_are_refused_clearly():
     for option, message in (("bogus=1", "unknown key"), ("cache_weight=lots", "expected a number")):
         out = subprocess.run(
-            [sys.executable, "-m", "gateway", "sim", "--trace", str(MOONCAKE), "--policy-option", option],
+            [sys.executable, "-m", "priority_gateway", "sim", "--trace", str(MOONCAKE), "--policy-option", option],
             capture_output=True,
             text=True,
             cwd=ROOT,
@@ -154,9 +154,9 @@ def test_bad_policy_options_are_refused_clearly():
 
 
 def _ttfts(timing: dict, engines_per_device: int = 1) -> list[float]:
-    from engines.sim.profile import profile_from_dict
-    from gateway.core.classes import INTERACTIVE, Budget
-    from gateway.simulate.cluster import ClusterSetup, PoolSetup
+    from priority_gateway.core.classes import INTERACTIVE, Budget
+    from priority_gateway.engines.sim.profile import profile_from_dict
+    from priority_gateway.simulate.cluster import ClusterSetup, PoolSetup
 
     engine = {"block_size": 16, "num_blocks": 4096, "max_num_batched_tokens": 2048, "max_model_len": 8192}
     profile = profile_from_dict({"engine": engine, "timing": timing})
@@ -215,9 +215,9 @@ def test_replicas_that_share_nothing_each_know_only_their_own_routing():
 
 
 def _lora_cluster(lora_aware: bool):
-    from engines.sim.profile import load_profile
-    from gateway.core.dispatcher import AdmissionSettings
-    from gateway.simulate.cluster import ClusterSetup, PoolSetup
+    from priority_gateway.core.dispatcher import AdmissionSettings
+    from priority_gateway.engines.sim.profile import load_profile
+    from priority_gateway.simulate.cluster import ClusterSetup, PoolSetup
 
     adapters = tuple(f"a{i}" for i in range(4))
     setup = ClusterSetup(

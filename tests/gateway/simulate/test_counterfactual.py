@@ -2,13 +2,13 @@
 
 from pathlib import Path
 
-from engines.sim.profile import load_profile
-from gateway.core.classes import BATCH, INTERACTIVE, Budget
-from gateway.core.dispatcher import AdmissionSettings
-from gateway.core.limiter import LimitSettings
-from gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup
-from gateway.simulate.counterfactual import false_refusals, spread
-from gateway.simulate.traces import TraceRequest, load_trace
+from priority_gateway.core.classes import BATCH, INTERACTIVE, Budget
+from priority_gateway.core.dispatcher import AdmissionSettings
+from priority_gateway.core.limiter import LimitSettings
+from priority_gateway.engines.sim.profile import load_profile
+from priority_gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup
+from priority_gateway.simulate.counterfactual import false_refusals, spread
+from priority_gateway.simulate.traces import TraceRequest, load_trace
 
 
 def setup(limit: float, ttft_s: float = 0.5) -> ClusterSetup:

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from gateway.simulate.traces import hot_prompts, load_trace, merge, parse_trace_arg, poisson
+from priority_gateway.simulate.traces import hot_prompts, load_trace, merge, parse_trace_arg, poisson
 
 TRACES = Path(__file__).parents[3] / "benchmarks" / "traces"
 MOONCAKE = TRACES / "mooncake" / "conversation_trace.jsonl"

@@ -3,7 +3,7 @@ import uuid
 import pytest
 import pytest_asyncio
 
-from gateway.store import MemoryStore, RedisStore
+from priority_gateway.store import MemoryStore, RedisStore
 from tests.support.redis import RedisServer
 
 

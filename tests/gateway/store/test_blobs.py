@@ -1,6 +1,6 @@
 import pytest
 
-from gateway.store import DirectoryBlobs
+from priority_gateway.store import DirectoryBlobs
 
 
 async def test_directory_blobs_round_trip_and_leave_no_temporary_files(tmp_path):

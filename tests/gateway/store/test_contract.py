@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.store.records import (
+from priority_gateway.store.records import (
     CANCELLING,
     COMPLETED,
     FINALIZING,

@@ -1,5 +1,5 @@
-from gateway.store import MemoryStore
-from gateway.store.records import ApiKey
+from priority_gateway.store import MemoryStore
+from priority_gateway.store.records import ApiKey
 
 
 async def test_keys_file_is_shared_between_stores(tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.store import RedisStore, StoreUnavailable
-from gateway.store.records import IN_PROGRESS, BatchRecord, Line
+from priority_gateway.store import RedisStore, StoreUnavailable
+from priority_gateway.store.records import IN_PROGRESS, BatchRecord, Line
 from tests.support.redis import RedisServer
 
 

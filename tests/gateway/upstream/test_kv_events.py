@@ -16,7 +16,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from gateway.upstream.kv_events import (
+from priority_gateway.upstream.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

@@ -1,7 +1,7 @@
 import math
 from pathlib import Path
 
-from gateway.upstream.scrape import parse_vllm_metrics
+from priority_gateway.upstream.scrape import parse_vllm_metrics
 
 REAL_DUMP = Path(__file__).parents[2] / "engines" / "sim" / "data" / "vllm-0.32-metrics.txt"
 

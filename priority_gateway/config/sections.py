@@ -1,0 +1,533 @@
+"""The configuration's sections: every key, its type, its default and its meaning, written once.
+
+``docs/configuration.md`` is generated from this module (and ``priority_gateway/batch/settings.py``) by
+``gateway config reference``; see ``priority_gateway.config.schema`` for how the types are read.
+To add a setting: add a field with its default and a docstring to its section here; the
+loader, the environment overrides and the reference follow.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field, fields, replace
+from typing import Annotated, Any, ClassVar, Literal, get_args
+
+from annotated_types import Ge, Gt, Interval
+
+from priority_gateway.batch.settings import BatchSettings
+from priority_gateway.config.schema import Check, ConfigError, starts_with
+from priority_gateway.core.classes import BATCH, CLASS_RANK, INTERACTIVE, Budget, ClassSpec, ClassTable
+from priority_gateway.core.dispatcher import AdmissionSettings
+from priority_gateway.core.limiter import LimitSettings
+from priority_gateway.core.prefix import DEFAULT_BLOCK_CHARS
+from priority_gateway.core.prefix_policy import PrefixAffinity
+from priority_gateway.core.queue import DEFAULT_DECODE_TOKENS
+from priority_gateway.core.request import RouteRequest
+from priority_gateway.limits import ClientLimits
+
+# The core's own defaults: the configuration refers to them rather than repeating them.
+_LIMITS = LimitSettings()
+_ADMISSION = AdmissionSettings()
+_AFFINITY: dict[str, Any] = {name: p.default for name, p in inspect.signature(PrefixAffinity).parameters.items()}
+_REQUEST: dict[str, Any] = {f.name: f.default for f in fields(RouteRequest)}
+
+Positive = Gt(0)
+NotNegative = Ge(0)
+Seconds = Annotated[float, Gt(0)]
+
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+Policy = Literal["prefix", "least_loaded", "round_robin"]
+POLICY_NAMES: tuple[str, ...] = get_args(Policy)
+
+HTTP_URL = starts_with("http://", "https://", expected="an http:// or https:// URL")
+DNS_TARGET = starts_with("dns://", expected="dns://HOST:PORT")
+KV_EVENTS_ENDPOINT = starts_with(
+    "tcp://", "ipc://", "engine-port:", expected="tcp://HOST:PORT, ipc://PATH or engine-port:PORT"
+)
+STORE_URL = Check(
+    lambda url: url == "memory" or url.startswith(("redis://", "rediss://", "unix://")), "memory or a redis:// URL"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ListenConfig:
+    """Where the gateway accepts clients (``--host`` and ``--port`` override it)."""
+
+    host: str = "127.0.0.1"
+    """Address to listen on; ``0.0.0.0`` for every interface (containers)."""
+    port: Annotated[int, Interval(ge=1, le=65535)] = 8080
+    """TCP port to listen on."""
+    ssl_certfile: str | None = None
+    """Serve HTTPS with this certificate (PEM, the chain after it); needs ``ssl_keyfile``. Default:
+    plain HTTP, for a proxy or ingress in front that terminates TLS."""
+    ssl_keyfile: str | None = None
+    """The private key of ``ssl_certfile`` (PEM)."""
+
+    def validated(self) -> ListenConfig:
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            missing = "ssl_keyfile" if self.ssl_keyfile is None else "ssl_certfile"
+            raise ConfigError("HTTPS needs both ssl_certfile and ssl_keyfile", [missing])
+        return self
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_certfile else "http"
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    """Connections from the gateway to the engines."""
+
+    connect_timeout_s: Seconds = 2.0
+    """Time to open a connection to an engine; a request whose engine cannot be reached is tried
+    once on another, then gets 502."""
+    read_timeout_s: Seconds = 300.0
+    """Longest silence from an engine while it answers (waiting for its headers, or between two
+    chunks) before the request gets 504 (in a stream: a final error event)."""
+    first_byte_timeout_s: Seconds = 30.0
+    """Streamed requests: until the engine's first response byte. A non-streamed answer comes
+    whole at the end, so only the total deadline bounds it."""
+    deadline_factor: Annotated[float, Positive] = 4.0
+    """Interactive: the total deadline of one engine attempt is this many times (TTFT budget +
+    max_tokens x ITL budget) ..."""
+    min_deadline_s: Seconds = 10.0
+    """... but at least this ..."""
+    max_interactive_s: Seconds = 300.0
+    """... and at most this (also the deadline of a request without max_tokens). Batch requests
+    have their class's ``deadline_s``, counted from arrival."""
+
+    def attempt_s(self, budget: Budget, max_tokens: int | None, arrival: float, now: float) -> float:
+        """Seconds an attempt starting ``now`` may take, for a request with ``budget`` that arrived at ``arrival``."""
+        if budget.ttft_s is None and budget.itl_s is None:
+            if budget.deadline_s is None:
+                return self.max_interactive_s
+            return max(0.0, arrival + budget.deadline_s - now)
+        if max_tokens is None:
+            return self.max_interactive_s
+        derived = self.deadline_factor * ((budget.ttft_s or 0.0) + max_tokens * (budget.itl_s or 0.0))
+        return min(self.max_interactive_s, max(self.min_deadline_s, derived))
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    """Health probes of every engine (``GET /health``): only healthy engines get requests."""
+
+    interval_s: Seconds = 2.0
+    """Time between two probes of one engine."""
+    timeout_s: Seconds = 1.0
+    """A probe that takes longer has failed."""
+    unhealthy_after: Annotated[int, Ge(1)] = 2
+    """Failed probes in a row that take an engine out of rotation (a refused connection takes it
+    out at once)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeConfig:
+    """Scrapes of every engine's Prometheus metrics (``GET /metrics``): queue, KV cache usage,
+    prefix cache counters and block size feed routing and admission."""
+
+    interval_s: Seconds = 2.0
+    """Time between two scrapes of one engine."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    """The engine pools, by name (at least one): engines that serve the same model the same way.
+    Requests of a class go to its pool (``classes``). Name pools freely; a class finds the pool
+    named like it by default."""
+
+    engines: list[Annotated[str, HTTP_URL]] = field(default_factory=list)
+    """The engines' base URLs (``http://10.0.0.1:8000``); give these or ``discovery``."""
+    discovery: Annotated[str, DNS_TARGET] | None = None
+    """``dns://HOST:PORT``: the engines are every address HOST resolves to (a headless Service),
+    on PORT; re-resolved every ``discovery_interval_s``."""
+    discovery_interval_s: Seconds = 10.0
+    """Time between two resolutions of ``discovery``."""
+    policy: Policy = "prefix"
+    """How an engine is chosen in the pool: ``prefix`` (where the prompt's prefix is likely
+    cached, within a load bound; see ``prefix``), ``least_loaded`` or ``round_robin``."""
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    """The engines' ``--scheduling-policy``; with ``priority`` the gateway writes vLLM's
+    ``priority`` field: each class's ``priority`` (interactive 0 before batch 1 by default)."""
+    backfill: bool = True
+    """Batch requests may use this pool's spare capacity while no interactive request waits
+    (keeping ``admission.backfill_reserve`` free); they are stopped and queued again when an
+    interactive request needs the room."""
+    accept_overflow: bool = False
+    """Interactive requests may overflow into this pool when their own is full; needs
+    ``scheduling_policy: priority``, or they would queue behind batch work."""
+    kv_events: Annotated[str, KV_EVENTS_ENDPOINT] | None = None
+    """Precise prefix mode: ``tcp://HOST:PORT`` to bind one socket engines publish their KV cache
+    events to (each with its URL as topic), or ``engine-port:PORT`` to subscribe to every engine's
+    own publisher. Needs ``tokenizer`` and ``policy: prefix``."""
+    tokenizer: str | None = None
+    """How engines tokenize prompts, for precise mode: a model directory, or ``sim``."""
+    kv_events_topics: dict[str, str] = field(default_factory=dict)
+    """Topics engines publish under that are neither their URL nor ``host:port``: topic -> engine URL."""
+    model: str | None = None
+    """A model the pool serves, listed by ``GET /v1/models`` even while no engine answers."""
+    models: list[str] = field(default_factory=list)
+    """Models (and LoRA adapters) the pool serves, besides ``model`` and what its engines list in
+    ``/v1/models``: a request goes to a pool of its class that serves its ``model``."""
+    lora_adapters: dict[str, str] = field(default_factory=dict)
+    """LoRA adapters loaded on demand, name -> path as the engines read it: a request for one that its
+    chosen engine lacks loads it there first (``POST /v1/load_lora_adapter``; engines run with
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``)."""
+    max_loaded_adapters: Annotated[int, Ge(1)] = 8
+    """Adapters of ``lora_adapters`` one engine keeps loaded; one more unloads the least recently used
+    that has no request in flight there."""
+    api_key: str | None = None
+    """Bearer token the engines require (``vllm serve --api-key``)."""
+    ca_file: str | None = None
+    """CA bundle that signs the engines' certificates (``https://`` engines, as ``vllm serve
+    --ssl-certfile`` serves them); default: the system's trust store."""
+
+    @property
+    def takes_priority(self) -> bool:
+        return self.scheduling_policy == "priority"
+
+    def validated(self) -> PoolConfig:
+        if not self.engines and not self.discovery:
+            raise ConfigError("give engines or discovery")
+        if self.kv_events is not None:
+            if not self.tokenizer:
+                raise ConfigError("needs tokenizer (a model directory, or sim)", ["kv_events"])
+            if self.policy != "prefix":
+                raise ConfigError("needs policy: prefix", ["kv_events"])
+        if self.accept_overflow and not self.takes_priority:
+            raise ConfigError(
+                "needs scheduling_policy: priority, or interactive requests would queue behind batch work",
+                ["accept_overflow"],
+            )
+        return replace(self, engines=[url.rstrip("/") for url in self.engines])
+
+
+@dataclass(frozen=True, slots=True)
+class ClassConfig:
+    """One priority class (``X-Priority``): the pool that serves it and its latency budgets."""
+
+    pool: str | None = None
+    """The pool that serves the class; default: the pool named like the class, else the first pool."""
+    ttft_p99_ms: Annotated[float, Positive] | None = None
+    """Budget for the 99th percentile of time to first token, in ms: a request that cannot start in
+    time is refused at once (429 ``slo_budget_exceeded``); null: no budget."""
+    itl_p99_ms: Annotated[float, Positive] | None = None
+    """Budget for the 99th percentile of inter-token latency, in ms: each engine's concurrency limit
+    is steered to keep it; null: no budget."""
+    deadline_s: Annotated[float, Positive] | None = None
+    """Longest a request of the class may wait in the queue before it starts; null: no deadline."""
+    priority: int | None = None
+    """vLLM's ``priority`` written for the class on pools with ``scheduling_policy: priority``
+    (lower runs first), and the class's rank in the gateway's queues; default: interactive 0,
+    batch 1; any other class must give one."""
+    kind: Literal["interactive", "batch"] | None = None
+    """How the class behaves: ``interactive`` (refused at once when it cannot start within its TTFT
+    budget; may overflow and stop backfilled work) or ``batch`` (fills spare capacity, may be stopped
+    and restarted, shed first from a full queue); default: ``batch`` for the class named batch,
+    else ``interactive``."""
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(
+            None if self.ttft_p99_ms is None else self.ttft_p99_ms / 1000.0,
+            None if self.itl_p99_ms is None else self.itl_p99_ms / 1000.0,
+            self.deadline_s,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClassesConfig:
+    """The priority classes (``X-Priority``): ``interactive`` and ``batch`` always exist; add more by
+    name beside them (``realtime: {priority: 0, pool: fast, ttft_p99_ms: 200}``), each with its own
+    ``priority``. Keys given for a class replace only those keys of its defaults."""
+
+    OPEN_FIELD: ClassVar[str] = "more"
+
+    interactive: ClassConfig = field(default_factory=lambda: ClassConfig(ttft_p99_ms=500.0, itl_p99_ms=50.0))
+    """Requests a person waits for: tight TTFT and ITL budgets."""
+    batch: ClassConfig = field(default_factory=lambda: ClassConfig(deadline_s=86400.0))
+    """Work that can wait (the Batch API's lines, ``X-Priority: batch``): a deadline, no latency budget."""
+    more: dict[str, ClassConfig] = field(default_factory=dict)
+    """Further classes, by name (lower case), given beside ``interactive`` and ``batch``."""
+
+    def by_name(self) -> dict[str, ClassConfig]:
+        return {INTERACTIVE: self.interactive, BATCH: self.batch, **self.more}
+
+    def validated(self) -> ClassesConfig:
+        for name, spec in self.more.items():
+            if name != name.lower() or not name.replace("-", "").replace("_", "").isalnum():
+                raise ConfigError("a class name is lower-case letters, digits, - and _", [name])
+            if spec.priority is None:
+                raise ConfigError("a class other than interactive and batch needs a priority", [name, "priority"])
+        return self
+
+    def table(self) -> ClassTable:
+        """The classes as the core sees them: rank (vLLM priority) and kind."""
+        return ClassTable(
+            ClassSpec(
+                name,
+                spec.priority if spec.priority is not None else CLASS_RANK.get(name, 0),
+                spec.kind or (BATCH if name == BATCH else INTERACTIVE),
+            )
+            for name, spec in self.by_name().items()
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    """SLO admission: every engine gets a concurrency limit found by AIMD on the ITL p99 the gateway
+    measures; requests beyond it wait in their pool's queue."""
+
+    enabled: bool = _ADMISSION.enabled
+    """Off: every request goes to an engine at once (routing only, no limits, no queue)."""
+    initial_limit: Annotated[float, Positive] = _LIMITS.initial
+    """Concurrency limit of an engine with an ITL budget before anything is measured."""
+    min_limit: Annotated[float, Positive] = _LIMITS.minimum
+    """The limit never shrinks below this."""
+    max_limit: Annotated[float, Positive] = _LIMITS.maximum
+    """The limit never grows above this."""
+    interval_s: Seconds = _LIMITS.interval_s
+    """Time between two reconsiderations of each engine's limit."""
+    cooldown_s: Annotated[float, NotNegative] = _LIMITS.cooldown_s
+    """After a shrink, no further shrink for this long."""
+    window_s: Seconds = _LIMITS.window_s
+    """Length of the sliding window of ITL samples compared with the budget: only evidence this fresh
+    shrinks a limit."""
+    min_samples: Annotated[int, Ge(1)] = _LIMITS.min_samples
+    """Samples a window needs before its p99 is trusted."""
+    recover_s: Seconds = _LIMITS.recover_s
+    """A limit below ``initial_limit`` climbs back one step each time this passes without a shrink and
+    without the next level found over budget (an idle engine's limit returns to the probe level)."""
+    unbudgeted_limit: Annotated[float, Positive] = _LIMITS.unbudgeted
+    """Fixed concurrency limit of engines whose class has no ITL budget."""
+    max_queue: Annotated[int, NotNegative] = _ADMISSION.max_queue
+    """Requests that may wait in one pool's queue; beyond it the newest batch request is shed,
+    or the request is refused (429 ``queue_full``)."""
+    backfill_reserve: Annotated[float, Interval(ge=0, lt=1)] = _ADMISSION.backfill_reserve
+    """Share of an interactive engine's limit kept free of backfilled batch requests."""
+
+    def validated(self) -> AdmissionConfig:
+        if self.min_limit > self.max_limit:
+            raise ConfigError(f"must be <= max_limit ({self.max_limit:g}), got {self.min_limit:g}", ["min_limit"])
+        if not self.min_limit <= self.initial_limit <= self.max_limit:
+            raise ConfigError(
+                f"must be between min_limit and max_limit ({self.min_limit:g}..{self.max_limit:g}), "
+                f"got {self.initial_limit:g}",
+                ["initial_limit"],
+            )
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class TenantsConfig:
+    """Tenants share each class by weighted fair queueing. A tenant is an API key, or the ``tenant``
+    its key names (several keys, one tenant); its weight and concurrency cap are the key's settings
+    (``gateway keys create --tenant --weight --max-concurrency``). Without keys every request is one
+    tenant."""
+
+    fair: bool = True
+    """Weighted fair queueing inside each class, charged in predicted prompt + decode tokens; off: one
+    line per class by deadline, whoever queued it."""
+    decode_tokens: Annotated[int, Ge(0)] = DEFAULT_DECODE_TOKENS
+    """Decode tokens charged for a request without ``max_tokens``."""
+    metrics_limit: Annotated[int, Ge(0)] = 100
+    """Tenants that get their own label in ``gateway_tenant_*`` metrics (the first seen); the rest
+    are counted under ``tenant="other"``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixPolicyConfig:
+    """Tuning of the ``prefix`` routing policy, for every pool that uses it
+    (``priority_gateway/core/prefix_policy.py`` says how it decides)."""
+
+    load_factor: Annotated[float, Ge(1)] = _AFFINITY["load_factor"]
+    """Bounded load: an engine is eligible while its load stays under ``load_factor`` times the
+    pool's mean; 1 is strict balance, higher lets more requests follow their cached prefix."""
+    cache_weight: Annotated[float, NotNegative] = _AFFINITY["cache_weight"]
+    """What one cached prompt token saves, in tokens of queued prefill: a hit kept also serves
+    the conversation's next turns."""
+    queue_weight: Annotated[float, NotNegative] = _AFFINITY["queue_weight"]
+    """Weight of the prefill already queued on an engine (``pending_prefill``) in its cost."""
+    decode_cost_tokens: Annotated[float, NotNegative] = _AFFINITY["decode_cost_tokens"]
+    """Cost, in prompt tokens, of each request in flight on an engine."""
+    kv_cost_tokens: Annotated[float, NotNegative] = _AFFINITY["kv_cost_tokens"]
+    """Cost, in prompt tokens, of KV cache pressure (grows with usage above 80 %)."""
+    tolerance: Annotated[float, NotNegative] = _AFFINITY["tolerance"]
+    """Engines within this share of the prompt's size of the cheapest are equally good; among them
+    the one holding the most of the prompt wins, then rendezvous hashing."""
+    tolerance_tokens: Annotated[float, NotNegative] = _AFFINITY["tolerance_tokens"]
+    """Smallest tolerance, in tokens, for short prompts."""
+    rendezvous_blocks: Annotated[int, Ge(1)] = _AFFINITY["rendezvous_blocks"]
+    """Blocks past the longest cached depth that pick the engine for a prefix nobody holds, so
+    every replica sends a new prefix to the same engine."""
+    default_capacity_tokens: Annotated[int, Ge(1)] = _AFFINITY["default_capacity_tokens"]
+    """Cache capacity assumed for an engine until its ``vllm:cache_config_info`` is scraped."""
+    max_sessions: Annotated[int, Ge(1)] = _AFFINITY["max_sessions"]
+    """Sessions (``X-Session-ID``) pinned to an engine that are remembered (least recent dropped first)."""
+    honesty_share: Annotated[float, Positive] = _AFFINITY["honesty_share"]
+    """Prompt tokens, as a share of an engine's cache, over which predicted hits are compared with
+    the engine's real prefix cache counters before its modelled capacity is corrected."""
+    lora_aware: bool = _AFFINITY["lora_aware"]
+    """A LoRA adapter's request goes to an engine with a free adapter slot (``max_lora``, from
+    ``vllm:lora_requests_info``) while one has room, preferring one that holds the adapter."""
+    lora_swap_tokens: Annotated[float, NotNegative] = _AFFINITY["lora_swap_tokens"]
+    """Cost, in prompt tokens, of an engine bringing the request's adapter into a GPU slot."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingShareConfig:
+    """Replicas on a Redis ``store`` tell each other what they routed, through a Redis pub/sub
+    channel: which engine got each request (with the prompt's block hashes in approximate mode) and
+    their own in-flight, pending prefill and learned concurrency limit per engine, so every replica's
+    prefix index, view of engine load and admission cover the whole fleet's traffic. Never on a
+    request's path; while the channel is down each replica routes on its own knowledge
+    (``gateway_routing_share_up`` 0) and admits its safe share. With ``store: memory`` there is one
+    replica and nothing to share."""
+
+    enabled: bool = True
+    """Share routing with the other replicas when the store is Redis."""
+    channel: str = "gateway:routing"
+    """Redis pub/sub channel; replicas routing to the same engines use the same one."""
+    interval_s: Annotated[float, Interval(gt=0, le=1)] = 0.005
+    """How often a replica sends what it routed since its last batch."""
+    full_s: Annotated[float, Interval(gt=0, le=60)] = 1.0
+    """How often a replica sends all its pending prefill (also its heartbeat)."""
+    silent_s: Annotated[float, Interval(gt=0, le=600)] = 3.0
+    """A replica not heard from this long no longer counts (it stopped, or the channel broke)."""
+    max_pending: Annotated[int, Ge(1)] = 10_000
+    """Facts kept for the next batch at most; older ones are dropped when the channel cannot keep up."""
+    replicas_window_s: Annotated[float, Interval(gt=0, le=3600)] = 30.0
+    """Admission across replicas: while the channel is down each replica admits at most
+    ``limit / replicas`` on every engine, counting the replicas heard within this window before it
+    broke (``gateway_admission_safe_share``)."""
+
+    def validated(self) -> RoutingShareConfig:
+        if not self.channel:
+            raise ConfigError("must not be empty", ["channel"])
+        if self.silent_s <= self.full_s:
+            raise ConfigError(f"must be longer than full_s ({self.full_s:g}), got {self.silent_s:g}", ["silent_s"])
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixConfig:
+    """How prompts are cut into blocks for prefix affinity, and the ``prefix`` policy's tuning."""
+
+    block_chars: Annotated[int, Positive] = DEFAULT_BLOCK_CHARS
+    """Characters per hashed block of the prompt text (guess mode)."""
+    block_tokens: Annotated[int, Positive] = _REQUEST["block_tokens"]
+    """Tokens one block stands for when predicting cached tokens in guess mode (vLLM's KV block
+    size; precise mode reads the engines' own)."""
+    policy: PrefixPolicyConfig = field(default_factory=PrefixPolicyConfig)
+    share: RoutingShareConfig = field(default_factory=RoutingShareConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class AliasTarget:
+    """One served name of a weighted split, and its share."""
+
+    model: str = ""
+    """The served name (a model or LoRA adapter an engine lists)."""
+    weight: Annotated[int, NotNegative] = 1
+    """Relative share of the public name's requests."""
+
+    def validated(self) -> AliasTarget:
+        if not self.model:
+            raise ConfigError("is required", ["model"])
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsConfig:
+    """Public model names: what clients may ask for besides the names the engines serve."""
+
+    aliases: dict[str, str | list[AliasTarget]] = field(default_factory=dict)
+    """Public name -> served name (``chat: llama-3.1-8b``), or a weighted split
+    (``chat: [{model: a, weight: 90}, {model: b, weight: 10}]``, smooth weighted round robin). The
+    engine receives the served name in ``model``; the client gets the public name back."""
+    engine_header: bool = True
+    """Answer with ``x-gateway-engine``: an opaque id of the engine that served the request (a hash
+    of its URL), so operators and tests see placement without reading ``/metrics``."""
+
+    def validated(self) -> ModelsConfig:
+        for public, target in self.aliases.items():
+            if isinstance(target, list):
+                if not target:
+                    raise ConfigError("a split needs at least one target", ["aliases", public])
+                if sum(t.weight for t in target) <= 0:
+                    raise ConfigError("the weights of a split must not all be 0", ["aliases", public])
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class KeysConfig:
+    """API keys (``gateway keys``): where they are kept and when they are required."""
+
+    file: str | None = None
+    """With ``store: memory``: a JSON file that keeps the keys across restarts (one replica only)."""
+    admin: str | None = None
+    """Bearer secret of the ``/admin/keys`` API; null: the admin API is off (unless ``admin_file`` is
+    set). Set it from the environment (``GATEWAY__KEYS__ADMIN``), not in a file."""
+    admin_file: str | None = None
+    """With ``admin`` unset: a file that holds the admin key. If it does not exist, the gateway
+    generates a random key at start, writes it there (mode 0600) and logs the file's path, never the
+    key; replicas sharing the file share the key."""
+    required: bool | Literal["auto"] = "auto"
+    """Whether ``/v1/*`` needs a key: ``auto`` as soon as one active key exists, or always
+    (``true``), or never (``false``)."""
+    cache_s: Annotated[float, NotNegative] = 5.0
+    """How long a looked-up key is trusted: a revoked key stops working within this time on
+    every replica."""
+    refresh_s: Seconds = 2.0
+    """With ``required: auto``: how often a replica checks whether any key exists."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The gateway's configuration: one YAML file, then ``GATEWAY__*`` environment variables, then
+    command-line options; every key below has a default except ``pools``."""
+
+    listen: ListenConfig = field(default_factory=ListenConfig)
+    store: Annotated[str, STORE_URL] = "memory"
+    """Shared state (queued batch lines, files, keys, rate windows): ``memory`` (one replica, lost at
+    exit) or ``redis://HOST:PORT/DB`` (``rediss://``, ``unix://``), shared by every replica."""
+    max_body_bytes: Annotated[int, Positive] | None = None
+    """The older spelling of ``limits.max_body_bytes``, read when that is not set."""
+    log_level: LogLevel = "info"
+    """Level of the gateway's structured log on stderr (``--log-level`` overrides it)."""
+    access_log: bool = True
+    """One ``event=access`` line per inference request and batch line, at info level: request id,
+    key, class, pool, engine, status, admission, queue wait, TTFT, tokens, duration, bytes sent."""
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    scrape: ScrapeConfig = field(default_factory=ScrapeConfig)
+    pools: dict[str, PoolConfig] = field(default_factory=dict)
+    classes: ClassesConfig = field(default_factory=ClassesConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    tenants: TenantsConfig = field(default_factory=TenantsConfig)
+    prefix: PrefixConfig = field(default_factory=PrefixConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    batch: BatchSettings = field(default_factory=BatchSettings)
+    keys: KeysConfig = field(default_factory=KeysConfig)
+    limits: ClientLimits = field(default_factory=ClientLimits)
+
+    def validated(self) -> Config:
+        """Each class's pool resolved (its own name, else the first pool) and checked."""
+        resolved = {}
+        for name, spec in self.classes.by_name().items():
+            pool = spec.pool
+            if pool is None and self.pools:
+                pool = name if name in self.pools else next(iter(self.pools))
+            if pool is not None and pool not in self.pools:
+                known = ", ".join(self.pools) or "none"
+                raise ConfigError(f"no pool named {pool!r} (pools: {known})", ["classes", name, "pool"])
+            resolved[name] = replace(spec, pool=pool)
+        limits = self.limits
+        if self.max_body_bytes is not None and limits.max_body_bytes == ClientLimits().max_body_bytes:
+            limits = replace(limits, max_body_bytes=self.max_body_bytes)
+        interactive, batch = resolved.pop(INTERACTIVE), resolved.pop(BATCH)
+        return replace(self, classes=ClassesConfig(interactive, batch, resolved), limits=limits)
+
+    def home_pools(self) -> dict[str, str]:
+        """Each class's pool (once there are pools)."""
+        return {name: spec.pool for name, spec in self.classes.by_name().items() if spec.pool is not None}

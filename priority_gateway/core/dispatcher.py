@@ -1,0 +1,761 @@
+"""The gateway's decisions for every request, in one sans-I/O state machine.
+
+Rules:
+- Every call that decides something (``submit``, ``retry``, ``finish``, ``poll``, ``cancel``)
+  returns all of it in one ``Decisions``: its ``answer`` about the request the call was for
+  (``submit``, ``retry``), and in ``others``, in the order they must be carried out, what it
+  decided for other requests: queued ones dispatched or refused, running ones preempted,
+  queued ones shed. Nothing is left behind for a later call to collect.
+- ``submit`` answers with a ``Dispatch`` (go to this engine), a ``Queued`` (wait: a later
+  call's ``others`` holds its ``Dispatch`` or ``Rejection``), or a ``Rejection`` (with the
+  ``Refusal`` reason that the HTTP layer turns into a status and an error code).
+- Every ``Dispatch`` must be paired with exactly one ``finish``; that is what keeps the
+  in-flight counts, and therefore routing and admission, honest.
+- Only healthy engines that serve the request's model are candidates (``models``). A class goes
+  to its home pool when that serves the model, else to the first pool that does.
+- With admission on, an engine takes a request only while its load is under its
+  adaptive concurrency limit (see ``limiter``). Otherwise the request waits in its pool's
+  queue, classes by rank (their vLLM ``priority``), until it can start; an interactive-kind
+  request that cannot start within its TTFT budget is refused at once with ``slo_budget_exceeded``.
+- Inside a class, tenants share the queue by weighted fair queueing (``fair_queue``). A tenant
+  at its concurrency cap starts nothing more; one at or over its weighted share of a pool's
+  slots, while other tenants are active there, starts only where an engine keeps the backfill
+  reserve free and serves no tenant under its share (alone, it may take every slot).
+- Batch requests may also start on engines of the interactive pool (backfill) while those
+  keep a reserve of free slots and no interactive request waits. When an interactive
+  request finds no room, a restartable (not streamed) backfilled batch request is stopped
+  to make room (``Preempted``) and queued again at its old place, as vLLM preempts by
+  recomputation. Interactive requests may overflow into a pool that accepts them; such
+  pools run vLLM's priority scheduling and get ``priority`` written, so interactive work
+  preempts batch there.
+- When a queue is full, the newest batch request of the heaviest batch tenant is shed to make
+  room; a batch request that finds the queue full of interactive work is refused.
+- Replicas sharing their load (``core/sharing.py``) admit fleet-wide: an engine's room is its
+  limit, the mean of those this replica and the others heard learned for it, less everyone's
+  in-flight requests there. Each replica learns from its own requests' gaps only, a share of the
+  engine's, and the replicas' limits step up and down out of phase: the minimum of such estimates
+  stays below what one replica seeing every gap learns (``benchmarks/fleet_admission.py``), the
+  mean does not. While the channel is down (``lost_peers``), each replica fills at most its safe
+  share of the limit with its own requests (``safe_share``), until it is back (``share_resumed``)
+  and settled (``settle_share``).
+- Time is always an argument: the HTTP layer passes the wall clock, the simulator a
+  virtual one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from priority_gateway.core.classes import DEFAULT_CLASSES, ClassTable
+from priority_gateway.core.engines import EngineMetrics, EngineState
+from priority_gateway.core.kv_events import KVEvent
+from priority_gateway.core.limiter import ConcurrencyLimit, LimitSettings
+from priority_gateway.core.models import serves
+from priority_gateway.core.queue import DEFAULT_DECODE_TOKENS, WaitQueue
+from priority_gateway.core.reasons import Refusal
+from priority_gateway.core.request import RouteRequest
+from priority_gateway.core.routing import Choice, Policy, make_policy
+from priority_gateway.core.safe_share import SafeShare
+from priority_gateway.core.sharing import Batch, EngineLoad, Learned, Peers
+from priority_gateway.core.slots import FullEngine, Running, SlotTimes
+from priority_gateway.core.tenants import TenantLoad
+from priority_gateway.core.ttft_model import TTFTModel
+
+
+@dataclass(slots=True)
+class PoolSpec:
+    name: str
+    engines: list[str]
+    policy: str = "prefix"
+    takes_priority: bool = False
+    backfill: bool = True
+    accept_overflow: bool = False
+    policy_options: dict[str, object] = field(default_factory=dict)
+    models: tuple[str, ...] = ()
+    """Models the pool is declared to serve, besides what its engines list."""
+    loadable: tuple[str, ...] = ()
+    """LoRA adapters any of its engines may be asked to load on demand."""
+
+
+@dataclass(slots=True)
+class AdmissionSettings:
+    enabled: bool = True
+    limits: LimitSettings = field(default_factory=LimitSettings)
+    max_queue: int = 4096
+    backfill_reserve: float = 0.25
+    min_retry_after_s: float = 1.0
+    fair: bool = True
+    """Tenants of a class share its queue by weighted fair queueing (off: one line by deadline)."""
+    decode_tokens: int = DEFAULT_DECODE_TOKENS
+
+
+@dataclass(slots=True, eq=False)
+class Dispatch:
+    request: RouteRequest
+    engine: EngineState
+    pool: str
+    priority: int | None = None
+    predicted_cached_tokens: int = 0
+    reason: str = ""
+    excluded: tuple[str, ...] = ()
+    dispatched_at: float = 0.0
+    prefill_tokens: int = 0
+    """Uncached prompt tokens counted in the engine's ``pending_prefill`` until the first token."""
+    preemptible: bool = False
+    done: bool = False
+    started: bool = False
+    """The engine has scheduled it (first token, or the end): its cache hits are counted."""
+
+
+@dataclass(slots=True, eq=False)
+class Rejection:
+    request: RouteRequest
+    reason: Refusal
+    message: str
+    retry_after_s: float | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Queued:
+    request: RouteRequest
+    pool: str
+
+
+@dataclass(slots=True, eq=False)
+class Preempted:
+    """Stop this backfilled batch request now; it has been queued again and will restart."""
+
+    dispatch: Dispatch
+
+    @property
+    def request(self) -> RouteRequest:
+        return self.dispatch.request
+
+
+Outcome = Dispatch | Queued | Rejection | Preempted
+Answer = Dispatch | Queued | Rejection
+Notice = Dispatch | Rejection | Preempted
+
+
+@dataclass(slots=True, frozen=True)
+class LimitChange:
+    engine: str
+    old: float
+    new: float
+    reason: str
+
+
+@dataclass(slots=True, eq=False)
+class Decisions:
+    """Everything one call decided (see the module's rules)."""
+
+    answer: Answer | None = None
+    others: list[Notice] = field(default_factory=list)
+    limit_changes: list[LimitChange] = field(default_factory=list)
+    """Engines' limits that moved, or held for a new reason (``poll`` only), for the log."""
+
+    def __iter__(self) -> Iterator[Outcome]:
+        """The answer, then the others, in order."""
+        if self.answer is not None:
+            yield self.answer
+        yield from self.others
+
+
+class Pool:
+    def __init__(self, spec: PoolSpec, classes: ClassTable, admission: AdmissionSettings) -> None:
+        self.name = spec.name
+        self.takes_priority = spec.takes_priority
+        self.backfill = spec.backfill
+        self.accept_overflow = spec.accept_overflow
+        self.policy: Policy = make_policy(spec.policy, **spec.policy_options)
+        self.engines: list[EngineState] = [EngineState(url, spec.name) for url in spec.engines]
+        self.models = frozenset(spec.models) | frozenset(spec.loadable)
+        self.loadable = frozenset(spec.loadable)
+        self.queue = WaitQueue(classes, admission.fair, admission.decode_tokens)
+        self.ttft_model = TTFTModel()
+        self.slots = SlotTimes()
+
+    def healthy(self, exclude: Iterable[str] = (), model: str | None = None) -> list[EngineState]:
+        if model is not None and self.models and model not in self.models:
+            return [e for e in self.healthy(exclude) if e.models is not None and model in e.models]
+        if exclude:
+            excluded = set(exclude)
+            engines = [e for e in self.engines if e.healthy and e.id not in excluded]
+        else:
+            engines = [e for e in self.engines if e.healthy]
+        if model is not None and model not in self.loadable:
+            return [e for e in engines if e.serves(model)]
+        return engines
+
+    def serves(self, model: str) -> bool:
+        return serves(self.models, [e.models for e in self.engines], model)
+
+    def set_engines(self, urls: Sequence[str]) -> None:
+        known = {e.id: e for e in self.engines}
+        self.engines = [known.get(url) or EngineState(url, self.name) for url in urls]
+        for gone in set(known) - set(urls):
+            self.policy.forget(gone)
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        pools: Sequence[PoolSpec],
+        home: Mapping[str, str] | None = None,
+        budgets: Mapping[str, float | None] | None = None,
+        admission: AdmissionSettings | None = None,
+        classes: ClassTable = DEFAULT_CLASSES,
+    ) -> None:
+        if not pools:
+            raise ValueError("at least one pool is needed")
+        self.classes = classes
+        self.admission = admission or AdmissionSettings(enabled=False)
+        self.pools: dict[str, Pool] = {spec.name: Pool(spec, classes, self.admission) for spec in pools}
+        first = pools[0].name
+        self.home: dict[str, str] = {
+            cls: (home or {}).get(cls) or (cls if cls in self.pools else first) for cls in classes.names
+        }
+        self.itl_budgets: dict[str, float | None] = dict(budgets or {})
+        self.tenants = TenantLoad()
+        self.limits: dict[str, ConcurrencyLimit] = {}
+        self._engines: dict[str, EngineState] = {}
+        self._queued_pool: dict[str, Pool] = {}
+        # What the call under way decided for other requests: handed out when it returns.
+        self._notices: list[Notice] = []
+        self._backfilled: dict[str, list[Dispatch]] = {}
+        self._running: dict[str, set[Dispatch]] = {}
+        # Sharing with other replicas (off until ``share_learning``).
+        self._load_changed: set[str] | None = None
+        self.peers = Peers()
+        self.safe_share = SafeShare()
+        self._reindex(0.0)
+
+    # -- topology and health -------------------------------------------------
+
+    def _reindex(self, now: float) -> None:
+        self._engines = {e.id: e for pool in self.pools.values() for e in pool.engines}
+        for engine_id, engine in self._engines.items():
+            if engine_id not in self.limits:
+                self.limits[engine_id] = ConcurrencyLimit(self._engine_budget(engine.pool), self.admission.limits, now)
+        for gone in set(self.limits) - set(self._engines):
+            del self.limits[gone]
+        for gone in set(self._running) - set(self._engines):
+            del self._running[gone]
+
+    def _engine_budget(self, pool: str) -> float | None:
+        """The tightest ITL budget among the classes whose home is this pool."""
+        budgets = [self.itl_budgets.get(cls) for cls, home in self.home.items() if home == pool]
+        present = [b for b in budgets if b is not None]
+        return min(present) if present else None
+
+    def engines(self) -> list[EngineState]:
+        return list(self._engines.values())
+
+    def engine(self, engine_id: str) -> EngineState | None:
+        return self._engines.get(engine_id)
+
+    def set_pool_engines(self, pool: str, urls: Sequence[str], now: float = 0.0) -> None:
+        self.pools[pool].set_engines(urls)
+        self._reindex(now)
+
+    def set_health(self, engine_id: str, healthy: bool, now: float) -> None:
+        engine = self._engines.get(engine_id)
+        if engine is not None:
+            engine.healthy = healthy
+
+    def apply_scrape(self, engine_id: str, metrics: EngineMetrics, now: float) -> None:
+        engine = self._engines.get(engine_id)
+        if engine is not None:
+            engine.apply_scrape(metrics, now)
+            self.pools[engine.pool].policy.scraped(engine)
+            if metrics.itl_buckets:
+                self.limits[engine_id].observe_engine_itl(metrics.itl_buckets, now)
+
+    def apply_kv_events(self, engine_id: str, events: Sequence[KVEvent], now: float, restarted: bool = False) -> None:
+        """An engine's KV cache events (precise prefix mode)."""
+        engine = self._engines.get(engine_id)
+        if engine is not None:
+            self.pools[engine.pool].policy.kv_events(engine_id, events, restarted)
+
+    # -- what replicas tell each other (``core/sharing.py``) -----------------------------------
+
+    def share_learning(self, max_pending: int = 10_000) -> None:
+        """Keep routing facts and load changes for other replicas (``take_learned``)."""
+        if self._load_changed is None:
+            self._load_changed = set()
+        for pool in self.pools.values():
+            share = getattr(pool.policy, "share", None)
+            if share is not None:
+                share(max_pending)
+
+    def take_learned(self, full: bool = False) -> Learned:
+        """What to tell the other replicas since the last call; ``full``: this replica's load on every engine."""
+        facts = [fact for pool in self.pools.values() for fact in getattr(pool.policy, "take_learned", list)()]
+        changed, self._load_changed = self._load_changed or set(), set()
+        engines = self._engines
+        limits = self.limits if self.admission.enabled else {}
+        if full:
+            load = {e.id: own for e in engines.values() if (own := _own_load(e, limits.get(e.id)))}
+        else:
+            load = {i: _own_load(engines[i], limits.get(i)) for i in changed if i in engines}
+        return Learned(facts, load, full)
+
+    def learn(self, batch: Batch, now: float) -> tuple[int, int]:
+        """Apply another replica's batch: its routing facts teach the prefix policy which blocks the
+        engines hold, its load adds to this replica's view. Engines this replica does not know are
+        ignored. Returns the facts applied and the publisher's batches missed before this one."""
+        missed = self.peers.heard(batch.publisher, batch.sequence, now)
+        self.safe_share.heard(batch.publisher, now)
+        # Load first: the facts' prompts are in it, and the index makes room for them by it.
+        known = {e: load for e, load in batch.learned.load.items() if e in self._engines}
+        self._peer_load_changed(self.peers.report(batch.publisher, known, batch.learned.full))
+        applied = 0
+        for fact in batch.learned.facts:
+            engine = self._engines.get(fact.engine)
+            learn = engine is not None and getattr(self.pools[engine.pool].policy, "learn", None)
+            if learn:
+                learn(fact, engine)
+                applied += 1
+        return applied, missed
+
+    def expire_peers(self, now: float, silent_s: float) -> None:
+        """Forget what replicas not heard from within ``silent_s`` said (they stopped, or the channel broke)."""
+        self._peer_load_changed(self.peers.expire(now, silent_s))
+
+    def lost_peers(self, now: float | None = None) -> bool:
+        """The channel is down: route on this replica's own knowledge (and the engines' scrapes) alone,
+        and admit at most the safe share of each limit. True when the safe share began now."""
+        self._peer_load_changed(self.peers.clear())
+        return self.admission.enabled and self.safe_share.lost(math.inf if now is None else now)
+
+    def share_resumed(self, now: float) -> None:
+        """The channel works again: the safe share ends once the others' loads are back (``settle_share``)."""
+        self.safe_share.resumed(now)
+
+    def settle_share(self, now: float) -> bool:
+        """True when the safe share ended now: admission counts the others' in-flight again."""
+        return self.safe_share.settle(now)
+
+    def _peer_load_changed(self, engines: set[str]) -> None:
+        for engine_id in engines:
+            engine = self._engines.get(engine_id)
+            if engine is not None:
+                engine.peer_inflight = self.peers.inflight(engine_id)
+                engine.peer_prefill = self.peers.prefill(engine_id)
+                engine.peer_limits = self.peers.limits(engine_id)
+                own = self.limits.get(engine_id)
+                if own is not None and engine.peer_limits:
+                    own.adopt(sum(engine.peer_limits) / len(engine.peer_limits))
+
+    def _load_change(self, engine: EngineState) -> None:
+        if self._load_changed is not None:
+            self._load_changed.add(engine.id)
+
+    def queue_depths(self) -> dict[tuple[str, str], int]:
+        return {(name, cls): pool.queue.depth(cls) for name, pool in self.pools.items() for cls in self.classes.names}
+
+    def tenant_inflight(self) -> dict[str, int]:
+        return dict(self.tenants.inflight)
+
+    def tenant_queued(self) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for pool in self.pools.values():
+            for cls in self.classes.names:
+                for tenant, n in pool.queue.tenants(cls).items():
+                    out[(tenant, cls)] = out.get((tenant, cls), 0) + n
+        return out
+
+    def prefix_hit_estimates(self) -> dict[str, float]:
+        return {name: pool.policy.hit_ratio_estimate() for name, pool in self.pools.items()}
+
+    def concurrency_limits(self) -> dict[str, float]:
+        """Each engine's limit as admission applies it (the fleet's, or this replica's safe share of it)."""
+        if not self.admission.enabled:
+            return {}
+        return {engine_id: self._capacity(engine)[1] for engine_id, engine in self._engines.items()}
+
+    def _fleet_limit(self, engine: EngineState) -> float:
+        own = self.limits[engine.id].limit
+        peers = engine.peer_limits
+        return own if not peers else (own + sum(peers)) / (1 + len(peers))
+
+    def _capacity(self, engine: EngineState) -> tuple[float, float]:
+        """(load counted, limit) for admission: everyone's load against the fleet's limit, or in the
+        safe share this replica's own in-flight against its share."""
+        limit = self._fleet_limit(engine)
+        if self.safe_share.safe:
+            return float(engine.inflight), self.safe_share.share(limit)
+        return engine.load, limit
+
+    def _room(self, engine: EngineState) -> float:
+        load, limit = self._capacity(engine)
+        return limit - load
+
+    def ready(self) -> dict[str, bool]:
+        return {name: any(e.healthy for e in pool.engines) for name, pool in self.pools.items()}
+
+    # -- the request path ----------------------------------------------------
+
+    def pool_for(self, cls: str, model: str | None = None) -> Pool:
+        home = self.pools[self.home[cls]]
+        if model is None or home.serves(model):
+            return home
+        return next((p for p in self.pools.values() if p.serves(model)), home)
+
+    def submit(self, req: RouteRequest, now: float, exclude: Sequence[str] = ()) -> Decisions:
+        answer = self._submit(req, now, exclude)
+        return Decisions(answer, self._take_notices())
+
+    def _submit(self, req: RouteRequest, now: float, exclude: Sequence[str] = ()) -> Answer:
+        pool = self.pool_for(req.cls, req.model)
+        if not self.admission.enabled:
+            choice = pool.policy.choose(req, pool.healthy(exclude, req.model), now)
+            if choice is None:
+                return self._no_engine(req, pool, exclude)
+            return self._start(req, pool, choice, now, exclude)
+        if not any(e.healthy for e in pool.engines) and not self._overflow_pools(req):
+            return self._no_engine(req, pool, exclude)
+        self.tenants.note(req.tenant, req.max_concurrency, req.weight)
+        if self.tenants.has_room(req.tenant) and pool.queue.position(req, math.inf, self._ahead_of(req, pool)) == 0:
+            placed = self._place(req, pool, now, exclude)
+            if placed is not None:
+                pool.queue.charge(req)
+                return placed
+        return self._enqueue(req, pool, now)
+
+    def admit_anyway(self, req: RouteRequest, now: float) -> Dispatch | None:
+        """Start ``req`` where its pool's policy would, past any limit or queue (what-if experiments)."""
+        pool = self.pool_for(req.cls, req.model)
+        choice = pool.policy.choose(req, pool.healthy((), req.model), now)
+        return None if choice is None else self._start(req, pool, choice, now, ())
+
+    def _no_engine(self, req: RouteRequest, pool: Pool, exclude: Sequence[str]) -> Rejection:
+        after = " after a failed attempt" if exclude else ""
+        return Rejection(req, Refusal.NO_HEALTHY_ENGINE, f"no healthy engine in pool {pool.name!r}{after}", 1.0)
+
+    def _with_room(
+        self, pool: Pool, exclude: Sequence[str], reserve: float = 0.0, model: str | None = None
+    ) -> list[EngineState]:
+        return [e for e in pool.healthy(exclude, model) if self._room(e) > reserve]
+
+    def _backfill_room(self, pool: Pool, exclude: Sequence[str], model: str | None = None) -> list[EngineState]:
+        """Engines of ``pool`` with room to spare beyond a reserve kept for their own class (at least one slot)."""
+        out = []
+        for engine in pool.healthy(exclude, model):
+            load, limit = self._capacity(engine)
+            if load < limit - max(1.0, self.admission.backfill_reserve * limit):
+                out.append(engine)
+        return out
+
+    def _tenant_room(
+        self, tenant: str, pool: Pool, exclude: Sequence[str] = (), model: str | None = None
+    ) -> list[EngineState]:
+        """Engines with room for ``tenant``: one at or over its weighted share of the pool's slots
+        leaves the backfill reserve free for tenants under theirs and keeps off the engines that
+        serve them (all of the pool when alone)."""
+        over = self._over_share(pool)
+        if over(tenant):
+            return self._apart(self._backfill_room(pool, exclude, model), over)
+        return self._with_room(pool, exclude, model=model)
+
+    def _apart(self, engines: list[EngineState], over: Callable[[str], bool]) -> list[EngineState]:
+        """``engines`` that serve no tenant under its share: an over-share tenant's prefills would
+        stall their decode steps."""
+        return [e for e in engines if all(over(d.request.tenant) for d in self._running.get(e.id, ()))]
+
+    def _over_share(self, pool: Pool) -> Callable[[str], bool]:
+        if not self.admission.fair:
+            return lambda tenant: False
+        slots = sum(self._capacity(e)[1] for e in pool.healthy())
+        return self.tenants.over_share(pool.name, slots, pool.queue.all_tenants())
+
+    def _may_start(self, pool: Pool) -> Callable[[str], bool]:
+        """Whether a tenant's queued request could start in ``pool`` now (its cap, its share, the room)."""
+        over = self._over_share(pool)
+        spare = bool(self._apart(self._backfill_room(pool, ()), over))
+        room = bool(self._with_room(pool, ()))
+        return lambda tenant: self.tenants.has_room(tenant) and (spare if over(tenant) else room)
+
+    def _ahead_of(self, req: RouteRequest, pool: Pool) -> Callable[[str], bool]:
+        """Whether a tenant's queued requests may start before ``req``: not at its cap, and not over
+        its share when ``req``'s tenant is under its own (slots freed then go to those under)."""
+        over = self._over_share(pool)
+        if over(req.tenant):
+            return self.tenants.has_room
+        return lambda tenant: self.tenants.has_room(tenant) and not over(tenant)
+
+    def _overflow_pools(self, req: RouteRequest) -> list[Pool]:
+        if self.classes.is_batch(req.cls):
+            return []
+        home = self.pool_for(req.cls, req.model).name
+        return [p for p in self.pools.values() if p.name != home and p.accept_overflow and p.serves(req.model)]
+
+    def _place(self, req: RouteRequest, pool: Pool, now: float, exclude: Sequence[str] = ()) -> Dispatch | None:
+        """Start ``req`` on an engine with room, or return None."""
+        model = req.model
+        choice = pool.policy.choose(req, self._tenant_room(req.tenant, pool, exclude, model), now)
+        if choice is not None:
+            return self._start(req, pool, choice, now, exclude)
+        if self.classes.is_batch(req.cls):
+            for other in self.pools.values():
+                if other is pool or not other.backfill or other.queue.depth_of(self.classes.interactive_like):
+                    continue
+                choice = other.policy.choose(req, self._backfill_room(other, exclude, model), now)
+                if choice is not None:
+                    return self._start(req, other, choice, now, exclude, reason="backfill")
+            return None
+        for other in self._overflow_pools(req):
+            choice = other.policy.choose(req, self._with_room(other, exclude, model=model), now)
+            if choice is not None:
+                return self._start(req, other, choice, now, exclude, reason="overflow")
+        if self._preempt_backfill(pool, exclude, now, model):
+            choice = pool.policy.choose(req, self._with_room(pool, exclude, model=model), now)
+            if choice is not None:
+                return self._start(req, pool, choice, now, exclude, reason="preempted_backfill")
+        return None
+
+    def _preempt_backfill(self, pool: Pool, exclude: Sequence[str], now: float, model: str | None = None) -> bool:
+        """Free a slot in ``pool`` by stopping the youngest restartable batch request backfilled there."""
+        victims = [
+            d
+            for e in pool.healthy(exclude, model)
+            if self._room(e) + 1 > 0  # one stop must be enough to make room
+            for d in self._backfilled.get(e.id, ())
+            if not d.done and d.preemptible
+        ]
+        if not victims:
+            return False
+        victim = max(victims, key=lambda d: d.dispatched_at)
+        self._release(victim, ok=False)
+        self._notices.append(Preempted(victim))
+        home = self.pool_for(victim.request.cls, victim.request.model)
+        home.queue.push(victim.request, self._start_deadline(victim.request, home), now)
+        self._queued_pool[victim.request.id] = home
+        return True
+
+    def _start_deadline(self, req: RouteRequest, pool: Pool) -> float:
+        if req.budget.ttft_s is not None:
+            # Margin: the line predicts a typical first token, the budget bounds the p99.
+            expected = 1.2 * (pool.ttft_model.predict(req.prompt_tokens) or 0.0)
+            return req.arrival + max(0.0, req.budget.ttft_s - expected)
+        if req.budget.deadline_s is not None:
+            return req.arrival + req.budget.deadline_s
+        return math.inf
+
+    def _enqueue(self, req: RouteRequest, pool: Pool, now: float) -> Answer:
+        deadline = self._start_deadline(req, pool)
+        wait = None
+        if req.budget.ttft_s is not None:
+            wait = self._expected_wait(pool, pool.queue.position(req, deadline, self._ahead_of(req, pool)), now)
+            if deadline <= now or (wait is not None and now + wait > deadline):
+                return self._refuse_slo(req, wait)
+        if len(pool.queue) >= self.admission.max_queue:
+            if wait is None:
+                wait = self._expected_wait(pool, pool.queue.position(req, deadline, self._ahead_of(req, pool)), now)
+            if self.classes.is_batch(req.cls) or pool.queue.depth_of(self.classes.batch_like) == 0:
+                full = f"the {pool.name!r} queue is full"
+                return Rejection(req, Refusal.QUEUE_FULL, full, self._retry_after(wait))
+            victim = pool.queue.shed()
+            assert victim is not None
+            self._queued_pool.pop(victim.request.id, None)
+            self._notices.append(
+                Rejection(
+                    victim.request, Refusal.SHED, "shed to make room for interactive work", self._retry_after(wait)
+                )
+            )
+        pool.queue.push(req, deadline, now)
+        self._queued_pool[req.id] = pool
+        return Queued(req, pool.name)
+
+    def _expected_wait(self, pool: Pool, position: int, now: float) -> float | None:
+        """Time until ``position`` requests ahead have started, from when the running ones end."""
+        engines = [
+            FullEngine(*self._capacity(e), [self._run(d, pool) for d in self._running.get(e.id, ())])
+            for e in pool.healthy()
+        ]
+        return pool.slots.wait(position, engines, now)
+
+    @staticmethod
+    def _run(dispatch: Dispatch, pool: Pool) -> Running:
+        first = pool.ttft_model.predict(dispatch.request.prompt_tokens) or 0.0
+        return Running(dispatch.dispatched_at, first, dispatch.request.max_tokens)
+
+    def _retry_after(self, wait: float | None) -> float:
+        return max(self.admission.min_retry_after_s, wait or 0.0)
+
+    def _refuse_slo(self, req: RouteRequest, wait: float | None) -> Rejection:
+        budget_ms = int((req.budget.ttft_s or 0) * 1000)
+        return Rejection(
+            req,
+            Refusal.SLO_BUDGET_EXCEEDED,
+            f"cannot start within the {budget_ms} ms time-to-first-token budget; retry later",
+            self._retry_after(wait),
+        )
+
+    def _start(
+        self,
+        req: RouteRequest,
+        pool: Pool,
+        choice: Choice,
+        now: float,
+        exclude: Sequence[str],
+        reason: str | None = None,
+    ) -> Dispatch:
+        engine = choice.engine
+        engine.started(req.cls, req.adapter)
+        self.tenants.started(req.tenant, req.max_concurrency, req.weight, pool.name)
+        prefill = max(0, req.prompt_tokens - choice.predicted_cached_tokens)
+        engine.pending_prefill += prefill
+        self._load_change(engine)
+        pool.policy.routed(req, choice, now)
+        if self.admission.enabled:
+            self.limits[engine.id].note_load(engine.load)
+        priority = self.classes.priority(req.cls) if pool.takes_priority else None
+        dispatch = Dispatch(
+            req,
+            engine,
+            pool.name,
+            priority=priority,
+            predicted_cached_tokens=choice.predicted_cached_tokens,
+            reason=reason or choice.reason,
+            excluded=tuple(exclude),
+            dispatched_at=now,
+            prefill_tokens=prefill,
+            preemptible=reason == "backfill" and req.restartable,
+        )
+        if dispatch.preemptible:
+            self._backfilled.setdefault(engine.id, []).append(dispatch)
+        self._running.setdefault(engine.id, set()).add(dispatch)
+        return dispatch
+
+    def _prefilled(self, dispatch: Dispatch, ok: bool = True) -> None:
+        if not dispatch.started and ok:
+            dispatch.started = True
+            self.pools[dispatch.engine.pool].policy.started(
+                dispatch.engine.id, dispatch.predicted_cached_tokens, dispatch.request.prompt_tokens
+            )
+        if dispatch.prefill_tokens:
+            dispatch.engine.pending_prefill -= dispatch.prefill_tokens
+            dispatch.prefill_tokens = 0
+            self._load_change(dispatch.engine)
+
+    def _release(self, dispatch: Dispatch, ok: bool = True) -> None:
+        dispatch.done = True
+        dispatch.engine.finished(dispatch.request.cls, dispatch.request.adapter)
+        self._load_change(dispatch.engine)
+        self.tenants.finished(dispatch.request.tenant, dispatch.pool)
+        self._prefilled(dispatch, ok)
+        backfilled = self._backfilled.get(dispatch.engine.id)
+        if backfilled and dispatch in backfilled:
+            backfilled.remove(dispatch)
+        running = self._running.get(dispatch.engine.id)
+        if running is not None:
+            running.discard(dispatch)
+
+    def finish(self, dispatch: Dispatch, now: float, ok: bool = True) -> Decisions:
+        """The dispatched request ended (``ok``: the engine answered); idempotent."""
+        if not dispatch.done:
+            self._release(dispatch, ok)
+            if ok and self.admission.enabled:
+                pool = self.pools[dispatch.engine.pool]
+                pool.slots.observe_done(self._run(dispatch, pool), now - dispatch.dispatched_at)
+        if self.admission.enabled:
+            self._drain(now)
+        return Decisions(None, self._take_notices())
+
+    def _expire(self, now: float) -> None:
+        """Refuse the queued requests whose start deadline has passed."""
+        out = self._notices
+        for pool in self.pools.values():
+            for entry in pool.queue.expired(now):
+                self._queued_pool.pop(entry.request.id, None)
+                req = entry.request
+                if req.budget.ttft_s is not None:
+                    out.append(self._refuse_slo(req, None))
+                else:
+                    out.append(
+                        Rejection(
+                            req,
+                            Refusal.DEADLINE_EXCEEDED,
+                            "the request's deadline passed while queued",
+                            self.admission.min_retry_after_s,
+                        )
+                    )
+
+    def _drain(self, now: float) -> None:
+        """Start queued requests while they fit, in queue order, each pool in turn."""
+        out = self._notices
+        for pool in self.pools.values():
+            queue = pool.queue
+            while (entry := queue.peek(self._may_start(pool))) is not None:
+                if entry.deadline < now:
+                    # Its deadline passed since the last poll: refused, never started late.
+                    self._expire(now)
+                    continue
+                # A placement may preempt someone: that notice goes out before any later
+                # dispatch of the same request, since both land in ``out`` in order.
+                placed = self._place(entry.request, pool, now)
+                if placed is None:
+                    break
+                queue.take(entry.request)
+                self._queued_pool.pop(entry.request.id, None)
+                out.append(placed)
+
+    def _take_notices(self) -> list[Notice]:
+        notices, self._notices = self._notices, []
+        return notices
+
+    def retry(self, dispatch: Dispatch, now: float) -> Decisions:
+        """The engine refused the connection before any byte: try another of the pool once."""
+        released = self.finish(dispatch, now, ok=False)
+        decided = self.submit(dispatch.request, now, exclude=(*dispatch.excluded, dispatch.engine.id))
+        decided.others[:0] = released.others
+        return decided
+
+    def poll(self, now: float) -> Decisions:
+        """Refuse what can no longer start in time, update limits, start what now fits."""
+        if not self.admission.enabled:
+            return Decisions()
+        self._expire(now)
+        changes = []
+        for engine_id, limit in self.limits.items():
+            before, why = limit.limit, limit.reason
+            limit.update(now, self._engines[engine_id].load)
+            if limit.limit != before or limit.reason != why:
+                changes.append(LimitChange(engine_id, before, limit.limit, limit.reason))
+                self._load_change(self._engines[engine_id])
+        self._drain(now)
+        return Decisions(None, self._take_notices(), changes)
+
+    def cancel(self, req: RouteRequest, now: float) -> Decisions:
+        """The client left: free its place in the queue (a place freed may let others start)."""
+        pool = self._queued_pool.pop(req.id, None)
+        if pool is not None:
+            pool.queue.remove(req)
+            if self.admission.enabled:
+                self._drain(now)
+        return Decisions(None, self._take_notices())
+
+    # -- observations from the relay -----------------------------------------
+
+    def observe_ttft(self, dispatch: Dispatch, seconds: float, now: float) -> None:
+        self._prefilled(dispatch)
+        limit = self.limits.get(dispatch.engine.id)
+        if limit is None:
+            return
+        engine_side = max(0.0, seconds - (dispatch.dispatched_at - dispatch.request.arrival))
+        pool = self.pools[dispatch.engine.pool]
+        pool.ttft_model.observe(dispatch.request.prompt_tokens, engine_side)
+
+    def observe_itl(self, dispatch: Dispatch, seconds: float, now: float) -> None:
+        limit = self.limits.get(dispatch.engine.id)
+        if limit is not None:
+            limit.observe_itl(seconds, dispatch.engine.load, now)
+            self.pools[dispatch.engine.pool].slots.observe_gap(seconds)
+
+
+def _own_load(engine: EngineState, limit: ConcurrencyLimit | None) -> EngineLoad:
+    learned = limit.limit if limit is not None and limit.budget_s is not None else 0.0
+    return EngineLoad(engine.inflight, engine.pending_prefill, learned)

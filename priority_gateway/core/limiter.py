@@ -1,0 +1,268 @@
+"""Adaptive concurrency limit of one engine: AIMD steered by ITL measured per load level.
+
+Why AIMD, and why per level: under continuous batching ITL does not grow like a queue
+(smoothly with load) but in steps, when more sequences share each decode step and when new
+prompts' prefills interrupt decoding; its p99 crosses the budget at a cliff (the article's
+NVFP4 engine holds the SLO at 4 and misses at 8). A gradient method fitted to a smooth
+curve overshoots such a cliff. AIMD probes one slot at a time and backs off hard, and by
+remembering which load levels it found over budget it knows where the cliff is, instead of
+rediscovering it by crossing it over and over.
+
+Why not shrink on every p99 over budget: a p99 is one gap in a hundred, and every new prompt's
+prefill stalls the requests decoding beside it for one slow step. A window of a few hundred gaps
+holds a few such stalls at any load, so its p99 over budget is often a handful of unlucky gaps
+(the share of gaps over budget is not really above 1 %); shrinking on it refuses work the engine
+serves within budget. And a gap the relay measured late is not always one the engine made late:
+when the gateway's host is starved (a client hammering it with requests it refuses), every relayed
+gap grows, and fewer requests on the engine would neither explain nor fix that.
+
+Rules:
+- Each ITL gap the relay measures goes to the engine's window and to the windows of the load level
+  (requests in flight, rounded) at which it was seen: a fresh one of ``window_s`` and a long one
+  of ``level_window_s``. Only fresh evidence counts against a level; older bad evidence is only
+  remembered as the level's verdict, for ``level_window_s``.
+- A level is over budget when the share of its fresh gaps above ``high * budget`` is above 1 %
+  with confidence (a one-sided Wilson bound, counting engine steps: a stall slows all ``level``
+  requests of a step at once, so ``level`` slow gaps are one piece of evidence, not ``level``);
+  within budget when their p99 is at most ``high * budget``. Growing asks more: the p99 of the
+  level's long window within ``low * budget`` (a steady estimate: a step up is a step towards the
+  cliff). The engine's whole window is far over budget when its share (of steps, counted at the
+  limit) above 1.5 budgets is above 1 % with confidence.
+- The engine's own ITL histogram (vLLM's ``vllm:inter_token_latency_seconds``, scraped), when it
+  has one, must not contradict the relay before the limit shrinks: it contradicts when its share
+  of gaps above the budget is under half the relay's over the same window.
+- Every ``interval_s`` the limit is reconsidered:
+  - shrink when the level at the limit is over budget, or the whole engine far over it, and the
+    engine does not contradict it: to the highest lower level found within budget lately, else
+    multiplicatively (to 70 %); then no further shrink for ``cooldown_s``, and the whole window
+    starts afresh (what it saw above the new limit says nothing about it);
+  - grow by one when the limit was reached since the last decision, its level's long p99 is within
+    ``low * budget``, and the next level was not found over budget lately (the known cliff);
+  - recover: below ``initial`` (the probe level), one step up once ``recover_s`` passed without a
+    shrink or a step and without the next level found over budget: a limit learned under an
+    overload climbs back when the engine idles or evidence is missing (no evidence is not bad
+    evidence), and is measured afresh there;
+  - otherwise hold. A limit that was not reached proves nothing and does not grow past ``initial``.
+- An engine without a budget keeps a fixed limit.
+- A limit still at ``initial`` (nothing learned yet, e.g. a replica that just joined) ``adopt``s the
+  one other replicas learned for the engine, instead of starting the fleet over at the probe level.
+- ``reason`` says why the limit last changed (or held against a relay the engine contradicted).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from priority_gateway.core.window import LatencyWindow
+
+_ALLOWED = 0.01  # a p99 budget lets 1 % of gaps through
+_Z = 1.64  # one-sided 95 %
+
+
+@dataclass(slots=True)
+class LimitSettings:
+    initial: float = 2.0
+    minimum: float = 1.0
+    maximum: float = 256.0
+    interval_s: float = 2.0
+    cooldown_s: float = 10.0
+    low: float = 0.9
+    high: float = 1.0
+    min_samples: int = 100
+    window_s: float = 20.0
+    level_window_s: float = 120.0
+    recover_s: float = 30.0
+    unbudgeted: float = 64.0
+
+
+def clearly_over(above: float, total: float, share: float = _ALLOWED) -> bool:
+    """``above`` of ``total`` is more than ``share`` with confidence (Wilson lower bound)."""
+    if total <= 0 or above <= share * total:
+        return False
+    p = above / total
+    z2 = _Z * _Z
+    centre = p + z2 / (2 * total)
+    spread = _Z * math.sqrt(p * (1 - p) / total + z2 / (4 * total * total))
+    return (centre - spread) / (1 + z2 / total) > share
+
+
+class ConcurrencyLimit:
+    __slots__ = (
+        "_cliff",
+        "_engine",
+        "_engine_last",
+        "_last_decrease",
+        "_last_step",
+        "_next_update",
+        "_peak",
+        "_safe",
+        "budget_s",
+        "history",
+        "itl",
+        "levels",
+        "limit",
+        "reason",
+        "settings",
+    )
+
+    def __init__(self, budget_s: float | None, settings: LimitSettings, now: float = 0.0) -> None:
+        self.settings = settings
+        self.budget_s = budget_s
+        self.limit = settings.initial if budget_s is not None else settings.unbudgeted
+        self.itl = LatencyWindow(settings.window_s)
+        self.levels: dict[int, LatencyWindow] = {}
+        self.history: dict[int, LatencyWindow] = {}
+        self.reason = "initial"
+        self._cliff: dict[int, float] = {}  # level -> when it was last found over budget
+        self._safe: dict[int, float] = {}  # level -> when it was last found within budget
+        self._engine: deque[tuple[float, float, float]] = deque()  # (when, gaps, gaps over budget)
+        self._engine_last: tuple[float, float] | None = None
+        self._peak = 0.0
+        self._next_update = now + settings.interval_s
+        self._last_decrease = -math.inf
+        self._last_step = now
+
+    def adopt(self, learned: float) -> None:
+        """Take the limit other replicas learned, while this one has learned nothing itself."""
+        if self.budget_s is not None and self.reason == "initial":
+            self.limit = max(self.settings.minimum, min(self.settings.maximum, learned))
+            self.reason = "learned_by_peers"
+
+    def observe_itl(self, seconds: float, load: float, now: float) -> None:
+        self.itl.observe(seconds, now)
+        level = max(1, round(load))
+        window = self.levels.get(level)
+        if window is None:
+            window = self.levels[level] = LatencyWindow(self.settings.window_s)
+            self.history[level] = LatencyWindow(self.settings.level_window_s)
+        window.observe(seconds, now)
+        self.history[level].observe(seconds, now)
+
+    def observe_engine_itl(self, buckets: Sequence[tuple[float, float]], now: float) -> None:
+        """The engine's cumulative ITL histogram, ``(upper bound, count)`` pairs, from a scrape."""
+        budget = self.budget_s
+        if budget is None or not buckets:
+            return
+        edges = [count for bound, count in buckets if bound <= self.settings.high * budget]
+        if not edges:
+            return  # no bucket edge at or below the budget: the histogram cannot judge it
+        total = max(count for _, count in buckets)
+        within = edges[-1]
+        last, self._engine_last = self._engine_last, (total, within)
+        if last is None:
+            return
+        gaps, fast = total - last[0], within - last[1]
+        if gaps < 0 or fast < 0:
+            gaps, fast = total, within  # the engine restarted: its counters began again
+        if gaps > 0:
+            self._engine.append((now, gaps, gaps - fast))
+        horizon = now - self.settings.window_s
+        while self._engine and self._engine[0][0] < horizon:
+            self._engine.popleft()
+
+    def note_load(self, load: float) -> None:
+        if load > self._peak:
+            self._peak = load
+
+    def level_p99(self, level: int, now: float) -> float | None:
+        """The p99 of the level's long window (None until it holds ``min_samples`` gaps)."""
+        window = self.history.get(level)
+        if window is None:
+            return None
+        window.expire(now)
+        if window.count < self.settings.min_samples:
+            return None
+        return window.quantile(0.99, now)
+
+    def update(self, now: float, load: float) -> bool:
+        """Reconsider the limit if an interval has passed; True when it changed."""
+        if now < self._next_update:
+            return False
+        s = self.settings
+        self._next_update = now + s.interval_s
+        peak, self._peak = max(self._peak, load), load
+        budget = self.budget_s
+        if budget is None:
+            return False
+        old = self.limit
+        current = max(1, math.floor(self.limit))
+        over = current in self._judge_levels(budget, now) or self._far_over(budget, now, current)
+        engine = self._engine_verdict(budget, now) if over else None
+        if engine is not None:
+            self.reason = engine  # the engine's own figures are awaited, or say it is on time
+        elif over:
+            if now - self._last_decrease >= s.cooldown_s:
+                self.limit = self._safe_level(current, now)
+                self._last_decrease = self._last_step = now
+                self.reason = "itl_over_budget"
+                self.itl.reset()  # gaps seen above the new limit say nothing about it
+        elif (
+            peak >= self.limit - 0.5
+            and self._within(current, s.low * budget, now)
+            and now - self._cliff.get(current + 1, -math.inf) > s.level_window_s
+        ):
+            self.limit = min(s.maximum, float(current + 1))
+            self._last_step = now
+            self.reason = "itl_within_budget"
+        elif (
+            self.limit < s.initial
+            and now - self._last_step >= s.recover_s
+            and now - self._cliff.get(current + 1, -math.inf) >= s.recover_s
+        ):
+            self.limit = min(s.initial, float(current + 1))
+            self._last_step = now
+            self.reason = "recovering"
+        return self.limit != old
+
+    def _judge_levels(self, budget: float, now: float) -> set[int]:
+        """Remember each level's verdict; the levels over budget now."""
+        s = self.settings
+        limit = s.high * budget
+        over = set()
+        for level, window in self.levels.items():
+            window.expire(now)
+            if window.count < s.min_samples:
+                continue
+            # One prefill stalls every request decoding beside it: the gaps of a level come in steps
+            # of ``level``, slow or fast together, so the evidence is the steps, not the gaps.
+            if clearly_over(window.count_above(limit, now) / level, window.count / level):
+                self._cliff[level] = now
+                over.add(level)
+            elif (window.quantile(0.99, now) or 0.0) <= limit:
+                self._safe[level] = now
+        return over
+
+    def _within(self, level: int, limit: float, now: float) -> bool:
+        p99 = self.level_p99(level, now)
+        return p99 is not None and p99 <= limit
+
+    def _far_over(self, budget: float, now: float, level: int) -> bool:
+        # The whole window mixes levels; it acts once well filled, as a net under the level windows.
+        itl = self.itl
+        itl.expire(now)
+        if itl.count < 5 * self.settings.min_samples:
+            return False
+        return clearly_over(itl.count_above(1.5 * budget, now) / level, itl.count / level)
+
+    def _engine_verdict(self, budget: float, now: float) -> str | None:
+        """Why the relay's slowness does not count against the engine, or None when it does."""
+        if self._engine_last is None:
+            return None  # the engine keeps no ITL histogram: the relay's evidence stands
+        horizon = now - self.settings.window_s
+        gaps = sum(n for when, n, _ in self._engine if when >= horizon)
+        if gaps < self.settings.min_samples:
+            return "awaiting_engine_itl"
+        slow = sum(k for when, _, k in self._engine if when >= horizon)
+        relay_share = self.itl.count_above(self.settings.high * budget, now) / max(1, self.itl.count)
+        return "relay_slow_engine_on_time" if slow / gaps < 0.5 * relay_share else None
+
+    def _safe_level(self, current: int, now: float) -> float:
+        s = self.settings
+        for level in range(current - 1, 0, -1):
+            safe = self._safe.get(level, -math.inf)
+            if now - safe <= s.level_window_s and safe > self._cliff.get(level, -math.inf):
+                return max(s.minimum, float(level))
+        return max(s.minimum, float(math.floor(current * 0.7)))

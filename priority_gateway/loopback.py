@@ -1,0 +1,147 @@
+"""Real processes on loopback: simulated engines and gateways, each in its own process group.
+
+For the test suite and the benchmarks, which run the gateway as users do (real processes, real
+HTTP) and must not depend on each other: both import these from the installed package.
+
+Rules:
+- Every process gets a free port on 127.0.0.1 and a log file; ``stop`` ends it and its children.
+- ``wait_ready`` gives up with the process's log when it exits or does not answer in time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Proc:
+    """A child process in its own process group, stopped with its children."""
+
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        url: str,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        self.cmd = list(cmd)
+        self.cwd = cwd
+        self.url = url
+        self.log_path = log_path
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        self._log = self.log_path.open("ab")
+        self.popen = subprocess.Popen(
+            self.cmd, cwd=self.cwd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        return self
+
+    def wait_ready(self, path: str = "/health", timeout: float = 30.0, verify: ssl.SSLContext | bool = True) -> Proc:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.popen is not None
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"{self.cmd} exited with {self.popen.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + path, timeout=1.0, verify=verify).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.cmd} not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text()[-4000:]
+        except OSError:
+            return ""
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            os.killpg(self.popen.pid, sig)
+            self.popen.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGTERM)
+                self.popen.wait(timeout=10)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                self.kill()
+        self._log.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+
+def start_engine(
+    tmp: Path,
+    *args: str,
+    model: str = "sim-model",
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Proc:
+    """A simulated vLLM engine (``python -m priority_gateway.engines.sim``) on a free loopback port,
+    its log in ``tmp``."""
+    port = port or free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "priority_gateway.engines.sim",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        model,
+        *args,
+    ]
+    return Proc(cmd, f"http://127.0.0.1:{port}", tmp / f"engine-{port}.log", env=env, cwd=cwd).start()
+
+
+def start_gateway(
+    tmp: Path,
+    config: dict[str, Any],
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+    cwd: Path | None = None,
+) -> Proc:
+    """``gateway serve`` with ``config`` (written to ``tmp``) on a free loopback port."""
+    port = port or free_port()
+    path = tmp / f"gateway-{port}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cmd = [sys.executable, "-m", "priority_gateway", "serve", "--config", str(path), "--port", str(port)]
+    return Proc(cmd, f"http://127.0.0.1:{port}", tmp / f"gateway-{port}.log", env=env, cwd=cwd).start()
+
+
+def rss_bytes(proc: Proc) -> int:
+    """Resident memory of a started process, from /proc."""
+    assert proc.popen is not None
+    for line in Path(f"/proc/{proc.popen.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
