@@ -105,7 +105,9 @@ def start_gateway(tmp: Path, engine: str, source: Path | None = None, log_level:
     config = tmp / "gateway.yaml"
     pools = f"pools:\n  interactive:\n    engines: ['{engine}']\n  batch:\n    engines: ['{engine}']\n"
     config.write_text(pools + f"log_level: {log_level}\n")
-    cmd = [sys.executable, "-m", "priority_gateway", "serve", "--config", str(config), "--port", str(port)]
+    # A checkout from before the package took its own name runs as ``gateway``.
+    package = "gateway" if source is not None and not (source / "priority_gateway").is_dir() else "priority_gateway"
+    cmd = [sys.executable, "-m", package, "serve", "--config", str(config), "--port", str(port)]
     # The other checkout's packages ahead of the installed ones: run from there (``-m`` puts the
     # working directory first on the path), and on PYTHONPATH, which precedes site-packages.
     env = None if source is None else {**os.environ, "PYTHONPATH": str(source)}
