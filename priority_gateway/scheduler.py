@@ -64,8 +64,9 @@ class Scheduler:
         assert decided.answer is not None
         return decided.answer
 
-    def finish(self, dispatch: Dispatch, ok: bool) -> None:
-        self._apply(self.dispatcher.finish(dispatch, time.monotonic(), ok))
+    def finish(self, dispatch: Dispatch, ok: bool, generated: int | None = None, prompt: int | None = None) -> None:
+        """``generated``/``prompt``: the tokens the engine reported, when known (settles the tenant's charge)."""
+        self._apply(self.dispatcher.finish(dispatch, time.monotonic(), ok, generated, prompt))
 
     def cancel(self, req: RouteRequest) -> None:
         self._apply(self.dispatcher.cancel(req, time.monotonic()))

@@ -21,6 +21,9 @@ Rules:
   at its concurrency cap starts nothing more; one at or over its weighted share of a pool's
   slots, while other tenants are active there, starts only where an engine keeps the backfill
   reserve free and serves no tenant under its share (alone, it may take every slot).
+  A started request's charge (predicted prompt + decode tokens) is settled when it ends with the
+  real count the caller reports (``finish(generated=...)``); a preempted or retried attempt's
+  charge is refunded, since it is charged again when it starts again.
 - Batch requests may also start on engines of the interactive pool (backfill) while those
   keep a reserve of free slots and no interactive request waits. When an interactive
   request finds no room, a restartable (not streamed) backfilled batch request is stopped
@@ -50,6 +53,7 @@ from dataclasses import dataclass, field
 
 from priority_gateway.core.classes import DEFAULT_CLASSES, ClassTable
 from priority_gateway.core.engines import EngineMetrics, EngineState
+from priority_gateway.core.fair_queue import Charge
 from priority_gateway.core.kv_events import KVEvent
 from priority_gateway.core.limiter import ConcurrencyLimit, LimitSettings
 from priority_gateway.core.models import serves
@@ -107,6 +111,8 @@ class Dispatch:
     done: bool = False
     started: bool = False
     """The engine has scheduled it (first token, or the end): its cache hits are counted."""
+    charge: Charge | None = None
+    """What starting it charged its tenant in its class's fair queue, settled when it ends."""
 
 
 @dataclass(slots=True, eq=False)
@@ -421,7 +427,7 @@ class Dispatcher:
         if self.tenants.has_room(req.tenant) and pool.queue.position(req, math.inf, self._ahead_of(req, pool)) == 0:
             placed = self._place(req, pool, now, exclude)
             if placed is not None:
-                pool.queue.charge(req)
+                placed.charge = pool.queue.charge(req)
                 return placed
         return self._enqueue(req, pool, now)
 
@@ -531,6 +537,8 @@ class Dispatcher:
         self._release(victim, ok=False)
         self._notices.append(Preempted(victim))
         home = self.pool_for(victim.request.cls, victim.request.model)
+        # It is charged again when it restarts from scratch: the first charge is refunded.
+        self._settle(victim, 0)
         home.queue.push(victim.request, self._start_deadline(victim.request, home), now)
         self._queued_pool[victim.request.id] = home
         return True
@@ -654,9 +662,23 @@ class Dispatcher:
         if running is not None:
             running.discard(dispatch)
 
-    def finish(self, dispatch: Dispatch, now: float, ok: bool = True) -> Decisions:
-        """The dispatched request ended (``ok``: the engine answered); idempotent."""
+    def _settle(self, dispatch: Dispatch, actual: float) -> None:
+        charge, dispatch.charge = dispatch.charge, None
+        if charge is not None:
+            req = dispatch.request
+            self.pool_for(req.cls, req.model).queue.settle(req, charge, actual)
+
+    def finish(
+        self, dispatch: Dispatch, now: float, ok: bool = True, generated: int | None = None, prompt: int | None = None
+    ) -> Decisions:
+        """The dispatched request ended (``ok``: the engine answered); idempotent.
+
+        ``generated``: the tokens it generated and ``prompt`` its prompt's tokens, as the engine counted
+        them (unknown: the estimate): its tenant's charge is settled to that real cost. Without
+        ``generated`` the predicted cost stands."""
         if not dispatch.done:
+            if generated is not None:
+                self._settle(dispatch, (dispatch.request.prompt_tokens if prompt is None else prompt) + generated)
             self._release(dispatch, ok)
             if ok and self.admission.enabled:
                 pool = self.pools[dispatch.engine.pool]
@@ -699,7 +721,8 @@ class Dispatcher:
                 placed = self._place(entry.request, pool, now)
                 if placed is None:
                     break
-                queue.take(entry.request)
+                taken = queue.take(entry.request)
+                placed.charge = taken.charge if taken is not None else None
                 self._queued_pool.pop(entry.request.id, None)
                 out.append(placed)
 
@@ -709,7 +732,8 @@ class Dispatcher:
 
     def retry(self, dispatch: Dispatch, now: float) -> Decisions:
         """The engine refused the connection before any byte: try another of the pool once."""
-        released = self.finish(dispatch, now, ok=False)
+        # Nothing was served, and the new attempt is charged again: the first charge is refunded.
+        released = self.finish(dispatch, now, ok=False, generated=0, prompt=0)
         decided = self.submit(dispatch.request, now, exclude=(*dispatch.excluded, dispatch.engine.id))
         decided.others[:0] = released.others
         return decided

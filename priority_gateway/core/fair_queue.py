@@ -11,8 +11,11 @@ Rules:
   be starved by their history.
 - Work-conserving: a tenant that may not start now (at its concurrency cap) is passed over;
   it never blocks the others, and nobody waits while someone eligible is queued.
-- Settling with the real token count when a request ends refunds over-predicted decode and
-  charges the under-predicted, never below the virtual time.
+- Starting a request hands out its ``Charge`` (tenant, cost, busy period). Settling it with the
+  real token count when the request ends refunds over-predicted decode and charges the
+  under-predicted, never below the virtual time; a charge of a busy period that has ended settles
+  nothing (its debts were forgotten with it), nor does a request started on an empty queue (it
+  was never charged).
 - With fairness off the lines are merged by deadline alone (one queue, earliest deadline
   first), tags are kept but not used: the contrast run, and caps still hold per tenant.
 - Removing a waiting request (cancelled, expired, shed) charges nothing.
@@ -32,6 +35,15 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What starting a request charged its tenant, and in which busy period."""
+
+    tenant: str
+    cost: float
+    period: int
+
+
 @dataclass(slots=True, order=True)
 class Waiting(Generic[T]):
     deadline: float
@@ -43,6 +55,8 @@ class Waiting(Generic[T]):
     item: T = field(compare=False)
     enqueued: float = field(compare=False, default=0.0)
     cancelled: bool = field(compare=False, default=False)
+    charge: Charge | None = field(compare=False, default=None)
+    """Set by ``take``: what starting it charged (None when the busy period ended with it)."""
 
     @property
     def request(self) -> T:
@@ -68,6 +82,8 @@ class FairQueue(Generic[T]):
     def __init__(self, fair: bool = True) -> None:
         self.fair = fair
         self.vtime = 0.0
+        self.period = 0
+        """Counts busy periods: a charge is settled only within the one it was made in."""
         self._tenants: dict[str, _Tenant[T]] = {}
         self._where: dict[str, str] = {}
         self._seq = itertools.count()
@@ -135,30 +151,38 @@ class FairQueue(Generic[T]):
         state = self._tenants[tenant]
         start = max(state.tag, self.vtime)
         self.vtime = start
-        state.tag = start + state.live[key].cost / state.weight
+        cost = state.live[key].cost
+        state.tag = start + cost / state.weight
+        period = self.period
         entry = self._drop(key)
+        assert entry is not None
+        if self.period == period:
+            entry.charge = Charge(tenant, cost, period)
         self._forget_if_idle(tenant)
         return entry
 
-    def charge(self, tenant: str, cost: float, weight: float = 1.0) -> None:
-        """A request of ``tenant`` started without waiting: charged as if it had queued."""
+    def charge(self, tenant: str, cost: float, weight: float = 1.0) -> Charge | None:
+        """A request of ``tenant`` started without waiting: charged as if it had queued (None: the
+        queue is empty, nobody contends, nothing is charged)."""
         if not self._where:
-            return
+            return None
         state = self._tenants.get(tenant)
         if state is None:
             state = self._tenants[tenant] = _Tenant(weight, self.vtime)
         state.weight = weight
         start = max(state.tag, self.vtime)
-        state.tag = start + max(0.0, cost) / weight
+        cost = max(0.0, cost)
+        state.tag = start + cost / weight
         self._forget_if_idle(tenant)
+        return Charge(tenant, cost, self.period)
 
-    def settle(self, tenant: str, predicted: float, actual: float) -> None:
-        """A request of ``tenant`` ended having cost ``actual``, not the ``predicted`` it was charged."""
-        state = self._tenants.get(tenant)
-        if state is None:
+    def settle(self, charge: Charge, actual: float) -> None:
+        """The request ``charge`` was for ended having cost ``actual`` tokens."""
+        state = self._tenants.get(charge.tenant)
+        if state is None or charge.period != self.period:
             return
-        state.tag = max(self.vtime, state.tag + (actual - predicted) / state.weight)
-        self._forget_if_idle(tenant)
+        state.tag = max(self.vtime, state.tag + (max(0.0, actual) - charge.cost) / state.weight)
+        self._forget_if_idle(charge.tenant)
 
     def remove(self, key: str) -> Waiting[T] | None:
         """Remove ``key`` without charging (cancelled, expired, shed)."""
@@ -185,6 +209,7 @@ class FairQueue(Generic[T]):
     def _end_busy_period(self) -> None:
         self.vtime = max([self.vtime, *(s.tag for s in self._tenants.values())])
         self._tenants.clear()
+        self.period += 1
 
     def _forget_if_idle(self, tenant: str) -> None:
         state = self._tenants.get(tenant)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from priority_gateway.core.classes import DEFAULT_CLASSES, ClassTable
-from priority_gateway.core.fair_queue import FairQueue, Waiting
+from priority_gateway.core.fair_queue import Charge, FairQueue, Waiting
 from priority_gateway.core.request import RouteRequest
 
 DEFAULT_DECODE_TOKENS = 256
@@ -78,9 +78,13 @@ class WaitQueue:
         """Remove ``request`` because it starts now: its tenant is charged for it."""
         return self._lines[request.cls].take(request.id)
 
-    def charge(self, request: RouteRequest) -> None:
+    def charge(self, request: RouteRequest) -> Charge | None:
         """``request`` started without waiting: its tenant is charged all the same."""
-        self._lines[request.cls].charge(request.tenant, self.cost(request), request.weight)
+        return self._lines[request.cls].charge(request.tenant, self.cost(request), request.weight)
+
+    def settle(self, request: RouteRequest, charge: Charge, actual: float) -> None:
+        """``request`` ended having cost ``actual`` tokens (prompt and generated), not what it was charged."""
+        self._lines[request.cls].settle(charge, actual)
 
     def remove(self, request: RouteRequest) -> Entry | None:
         return self._lines[request.cls].remove(request.id)

@@ -117,7 +117,7 @@ class _RequestHeaders:
 class _Call:
     """One client request's relay state, shared with its disconnect watcher and its deadline."""
 
-    __slots__ = ("done", "expired", "gone", "preempted", "response", "streaming", "task")
+    __slots__ = ("done", "events", "expired", "gone", "preempted", "response", "streaming", "task")
 
     def __init__(self) -> None:
         self.task = asyncio.current_task()
@@ -127,6 +127,8 @@ class _Call:
     def attempt(self) -> None:
         self.done = False
         self.streaming = False
+        self.events = 0
+        """Token events this attempt streamed (what it generated, when its answer has no usage)."""
         self.preempted = False
         self.expired = False
         self.response: Response | None = None
@@ -428,8 +430,8 @@ class Proxy:
             self._child(metrics.predicted_cached, outcome.pool).observe(outcome.predicted_cached_tokens)
         return outcome
 
-    def _finish(self, dispatch: Dispatch, ok: bool) -> None:
-        self.admission.finish(dispatch, ok)
+    def _finish(self, dispatch: Dispatch, ok: bool, generated: int | None = None, prompt: int | None = None) -> None:
+        self.admission.finish(dispatch, ok, generated, prompt)
 
     # -- relay -----------------------------------------------------------------------
 
@@ -546,7 +548,8 @@ class Proxy:
             if response is not None:
                 response.close()
             # Idempotent: a dispatch already released (preempted, or failed in _connect) gives nothing back twice.
-            self._finish(dispatch, ok=status < 500)
+            prompt, generated = _used(upstream.record, call)
+            self._finish(dispatch, status < 500, generated, prompt)
         if failure is not None:
             raise failure
         upstream.record.pool = dispatch.pool
@@ -607,6 +610,7 @@ class Proxy:
                     chunk = await next_chunk()
             last = clock()
             if chunk is not None:
+                call.events = 1
                 ttft = record.ttft_s = last - upstream.started
                 ttft_metric.observe(ttft)
                 admission.observe_ttft(dispatch, ttft, last)
@@ -620,6 +624,7 @@ class Proxy:
                 events = _token_events(chunk)
                 if events <= 0:
                     continue  # part of an event, or only the stream's end: its gap ends with the next event
+                call.events += events
                 now = clock()
                 # Events the network delivered together were produced a step apart each (vLLM counts
                 # one gap per step): one gap per read would read as a slower engine than it is.
@@ -656,6 +661,14 @@ class Proxy:
             record.bytes_out += len(body)
         except RuntimeError:
             log.debug("error_after_response_started", status=exc.status)
+
+
+def _used(record: Exchange, call: _Call) -> tuple[int | None, int | None]:
+    """(prompt, generated) tokens of an attempt: the answer's usage, else the token events it streamed."""
+    prompt, generated = record.usage() if record.tail else (None, None)
+    if generated is None and call.streaming:
+        generated = call.events
+    return prompt, generated
 
 
 def _token_events(chunk: bytes) -> int:

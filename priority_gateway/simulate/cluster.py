@@ -5,7 +5,8 @@ Rules:
   trace's, routing and admission are the core's), with the same prefix hashing of text.
 - An engine runs steps back to back while it has work; a step's tokens are delivered at
   its end, where they become the gateway's TTFT and inter-token observations, exactly as
-  the relay would time streamed chunks.
+  the relay would time streamed chunks. A finished request reports the tokens it generated, as
+  the relay reads them from the answer's usage (its tenant's charge is settled with them).
 - Engines are scraped every ``scrape_s`` like the monitor scrapes vLLM's ``/metrics``, and
   the dispatcher is polled every ``poll_s`` like the server's poll loop.
 - A batch flood keeps ``flood`` batch requests outstanding at all times, their lengths drawn
@@ -528,7 +529,7 @@ class Cluster:
         for rec in finished:
             if rec.dispatch is None:
                 continue
-            self._handle(self.dispatchers[rec.replica].finish(rec.dispatch, now))
+            self._handle(self.dispatchers[rec.replica].finish(rec.dispatch, now, generated=rec.output_tokens))
             self._closed(rec)
         if engine.core.has_work and not engine.stepping:
             self._step(engine)

@@ -180,3 +180,39 @@ def test_past_its_share_a_tenant_never_joins_an_engine_that_serves_a_tenant_unde
     over = started[16:]  # past its half of the 32 slots
     assert over, "it still gets the spare room of the other engines"
     assert all(o.engine.id != quiet.engine.id for o in over)
+
+
+def test_a_request_that_ends_early_is_charged_what_it_used_not_its_max_tokens():
+    d = make()
+    busy = d.submit(req("b"), 0.0).answer
+    long = req("a")
+    long.max_tokens = 2000
+    assert isinstance(d.submit(long, 0.0).answer, Queued)
+    for _ in range(8):
+        d.submit(req("b"), 0.0)
+    d.submit(req("a"), 0.0)
+    (started,) = [o for o in d.finish(busy, 1.0) if isinstance(o, Dispatch)]
+    assert started.request is long and started.charge is not None
+    # It stopped after 10 of its 2000 tokens: "a" paid 110 tokens, not 2100, and its next
+    # request comes right after one of "b"'s instead of after all eight.
+    (running,) = [o for o in d.finish(started, 2.0, generated=10) if isinstance(o, Dispatch)]
+    order = [running.request.tenant, *serve(d, running, 8)]
+    assert order[:2] == ["b", "a"], order
+
+
+def test_a_retried_attempt_is_not_charged_twice():
+    d = make()
+    busy = d.submit(req("c"), 0.0).answer
+    a1, b1, b2, a2 = (req(t) for t in "abba")
+    for r in (a1, b1, b2, a2):
+        assert isinstance(d.submit(r, 0.0).answer, Queued)
+    (first,) = [o for o in d.finish(busy, 1.0) if isinstance(o, Dispatch)]
+    assert first.request is a1 and first.charge is not None
+    # The engine refused the connection: a1 goes back to the queue with its charge refunded, so
+    # the slot after b1's is "a"'s again (charged twice, "a" would wait behind b2).
+    decided = d.retry(first, 1.5)
+    assert isinstance(decided.answer, Queued)
+    (running,) = [o for o in decided.others if isinstance(o, Dispatch)]
+    assert running.request is b1
+    (again,) = [o for o in d.finish(running, 2.0) if isinstance(o, Dispatch)]
+    assert again.request.tenant == "a"

@@ -119,11 +119,48 @@ def test_removing_a_waiting_request_charges_nothing_and_settling_refunds():
     queue.push("y", "b", 100, math.inf, 1, "y")
     queue.push("z", "a", 100, math.inf, 2, "z")
     assert queue.peek().key == "y", "a's removed request did not count: tie broken by arrival"
-    queue.charge("a", 1000)
-    assert queue.peek().key == "y"
-    queue.settle("a", 1000, 100)
+    charge = queue.charge("a", 1000)
+    assert charge is not None and queue.peek().key == "y"
+    queue.settle(charge, 100)
     queue.take("y")
     assert queue.peek().key == "z", "the refund brought a level with b again"
+
+
+def test_settling_charges_the_under_predicted_and_never_refunds_below_the_virtual_time():
+    queue: FairQueue[str] = FairQueue()
+    queue.push("b1", "b", 100, math.inf, 0, "b1")
+    queue.push("b2", "b", 100, math.inf, 1, "b2")
+    queue.push("a1", "a", 100, math.inf, 2, "a1")
+    queue.push("a2", "a", 100, math.inf, 3, "a2")
+    first = queue.take(queue.peek().key)
+    assert first.key == "b1" and first.charge is not None
+    queue.settle(first.charge, 1000)  # ran ten times longer than predicted
+    order = []
+    while (entry := queue.peek()) is not None:
+        queue.take(entry.key)
+        order.append(entry.key)
+    assert order == ["a1", "a2", "b2"], "b paid for what it really used"
+    queue.push("c", "c", 100, math.inf, 4, "c")
+    queue.push("d", "d", 100, math.inf, 5, "d")
+    taken = queue.take("c")
+    queue.settle(taken.charge, 0)
+    queue.settle(taken.charge, 0)
+    assert queue._tenants.get("c") is None or queue._tenants["c"].tag >= queue.vtime, "no credit below the virtual time"
+
+
+def test_a_charge_from_an_ended_busy_period_or_an_empty_queue_settles_nothing():
+    queue: FairQueue[str] = FairQueue()
+    assert queue.charge("a", 500) is None, "nobody contends: nothing charged, nothing to settle"
+    queue.push("x", "x", 100, math.inf, 0, "x")
+    stale = queue.charge("a", 500)
+    assert stale is not None
+    assert queue.take("x").charge is None, "taking the last entry ends the busy period"
+    queue.push("b1", "b", 100, math.inf, 1, "b1")
+    queue.push("a1", "a", 100, math.inf, 2, "a1")
+    queue.push("a2", "a", 100, math.inf, 2, "a2")
+    queue.take("b1")
+    queue.settle(stale, 5000)
+    assert queue.peek().key == "a1", "a debt of a busy period that ended is not collected in the next one"
 
 
 def test_state_is_bounded_by_the_tenants_of_the_busy_period():

@@ -17,29 +17,33 @@ MODEL = "sim-model"
 ADMIN = "admin-secret"
 
 
-@pytest.fixture(scope="module")
-def gateway(procs, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("tenants")
-    engine = start_engine(tmp, "--token-delay-ms", "20")
+def start(procs, tmp, token_delay_ms: str, limit: int, keys: dict[str, dict]):
+    """A simulated engine and a gateway running at most ``limit`` requests on it; ``keys`` made by the admin API."""
+    engine = start_engine(tmp, "--token-delay-ms", token_delay_ms)
     procs.append(engine)
     engine.wait_ready()
     config = {
         "pools": {"interactive": {"engines": [engine.url]}},
-        # No latency budget: nothing here is refused for time, only queued for the cap.
+        # No latency budget: nothing here is refused for time, only queued.
         "classes": {"interactive": {"ttft_p99_ms": None, "itl_p99_ms": None}},
-        "admission": {"unbudgeted_limit": 8},
+        "admission": {"unbudgeted_limit": limit},
         "health": {"interval_s": 0.2},
     }
     proc = start_gateway(tmp, config, env={"GATEWAY__KEYS__ADMIN": ADMIN})
     procs.append(proc)
     proc.wait_ready("/ready")
     admin = {"authorization": f"Bearer {ADMIN}"}
-    capped = {"name": "capped", "tenant": "team-capped", "max_concurrency": 1}
-    keys = {
-        "capped": httpx.post(proc.url + "/admin/keys", json=capped, headers=admin).json()["secret"],
-        "free": httpx.post(proc.url + "/admin/keys", json={"name": "free"}, headers=admin).json()["secret"],
+    made = {
+        name: httpx.post(proc.url + "/admin/keys", json=key, headers=admin).json()["secret"]
+        for name, key in keys.items()
     }
-    return proc, keys
+    return proc, made
+
+
+@pytest.fixture(scope="module")
+def gateway(procs, tmp_path_factory):
+    capped = {"name": "capped", "tenant": "team-capped", "max_concurrency": 1}
+    return start(procs, tmp_path_factory.mktemp("tenants"), "20", 8, {"capped": capped, "free": {"name": "free"}})
 
 
 async def stream(client: httpx.AsyncClient, url: str, key: str, request_id: str) -> None:
@@ -76,3 +80,40 @@ def test_a_capped_tenant_queues_while_another_goes_ahead(gateway):
     text = httpx.get(proc.url + "/metrics").text
     assert 'gateway_tenant_requests_total{class="interactive",status="200",tenant="team-capped"} 3.0' in text
     assert "team-free" not in text, "a header cannot choose the tenant"
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(procs, tmp_path_factory):
+    """A gateway that runs one request at a time on its engine, and a key for each of two tenants."""
+    keys = {tenant: {"name": tenant, "tenant": tenant} for tenant in ("team-a", "team-b")}
+    return start(procs, tmp_path_factory.mktemp("settle"), "1", 1, keys)
+
+
+def test_a_tenant_is_charged_the_tokens_its_answer_used_not_its_max_tokens(one_at_a_time):
+    proc, keys = one_at_a_time
+
+    async def complete(client: httpx.AsyncClient, tenant: str, request_id: str, max_tokens: int, **extra) -> None:
+        body = {"model": MODEL, "prompt": "tell me", "max_tokens": max_tokens, **extra}
+        headers = {"authorization": f"Bearer {keys[tenant]}", "x-request-id": request_id}
+        r = await client.post(proc.url + "/v1/completions", json=body, headers=headers)
+        assert r.status_code == 200, r.text
+
+    async def run() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            # b0 holds the engine while the others queue, in this order: a1 asks for 4000 tokens but
+            # the model stops long before (at most 256), then three of team-b's 300 each, then a2.
+            calls = [asyncio.create_task(complete(client, "team-b", "b0", 300, ignore_eos=True))]
+            plan = [("team-a", "a1", 4000, {}), *(("team-b", f"b{n}", 300, {"ignore_eos": True}) for n in (1, 2, 3))]
+            for tenant, request_id, max_tokens, extra in [*plan, ("team-a", "a2", 300, {"ignore_eos": True})]:
+                await asyncio.sleep(0.05)
+                calls.append(asyncio.create_task(complete(client, tenant, request_id, max_tokens, **extra)))
+            await asyncio.gather(*calls)
+
+    asyncio.run(run())
+    ids = {"b0", "a1", "b1", "b2", "b3", "a2"}
+    assert wait_for(lambda: ids <= {x["request_id"] for x in log_lines(proc.log_path.read_text(), "access")})
+    ended = [x["request_id"] for x in log_lines(proc.log_path.read_text(), "access") if x["request_id"] in ids]
+    assert ended[:2] == ["b0", "a1"], ended
+    # Charged a1's real length, team-a is level with team-b after b1; charged its 4000 max_tokens,
+    # a2 would wait behind all three of team-b's.
+    assert ended.index("a2") < ended.index("b2"), ended
