@@ -93,6 +93,12 @@ class GatewayMetrics:
         self.share_peers = Gauge(
             "gateway_routing_share_peers", "Other replicas heard on the routing channel lately.", registry=r
         )
+        self.tenant_share_replicas = Gauge(
+            "gateway_tenant_share_replicas",
+            "Replicas whose requests count in this replica's tenant fair shares, itself included (1: its own "
+            "only, as while the routing channel is down).",
+            registry=r,
+        )
         self.share_batches = Counter(
             "gateway_routing_share_batches",
             "Routing batches: sent, received, dropped (not sent: channel down), missed (gaps in a peer's "

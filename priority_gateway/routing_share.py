@@ -25,6 +25,12 @@ Rules:
   the index lacks those facts and catches up as conversations continue.
 - Malformed batches, and batches of replicas hashing prompts by another block width, are ignored
   and counted (``rejected``).
+- With fair queueing, each replica also publishes its tenants' requests per pool
+  (``core/tenant_share.py``: changes every ``interval_s``, everything every ``full_s``) in
+  batches of their own on the same channel, so every replica counts the fleet's requests in a
+  tenant's share. ``gateway_tenant_share_replicas`` says how many replicas' requests count (itself
+  included); while the channel is down it is 1 and ``tenant_shares_local`` is logged: shares are
+  this replica's own until the others' next batches.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from redis.exceptions import RedisError
 
 from priority_gateway import log
 from priority_gateway.config import RoutingShareConfig
+from priority_gateway.core import tenant_share
 from priority_gateway.core.dispatcher import Dispatcher
 from priority_gateway.core.sharing import Batch, Learned, decode, encode
 from priority_gateway.metrics import GatewayMetrics
@@ -66,6 +73,7 @@ class RoutingShare:
         self._state = "starting"
         self._down_since = time.monotonic()
         self._sequence = 0
+        self._tenant_sequence = 0
         self._unsent: Learned | None = None
         self._heard_self = time.monotonic()
         self._logged: dict[str, float] = {}
@@ -127,6 +135,9 @@ class RoutingShare:
     def _received(self, data: bytes) -> None:
         metrics = self.metrics
         metrics.share_bytes.labels("received").inc(len(data))
+        if tenant_share.is_tenant_batch(data):
+            self._received_tenants(data)
+            return
         try:
             batch = decode(data)
         except ValueError as exc:
@@ -148,6 +159,17 @@ class RoutingShare:
             metrics.share_batches.labels("missed").inc(missed)
             self._log_now("routing_share_missed", batches=missed, publisher=batch.publisher.hex()[:8])
 
+    def _received_tenants(self, data: bytes) -> None:
+        try:
+            batch = tenant_share.decode(data)
+        except ValueError as exc:
+            self.metrics.share_batches.labels("rejected").inc()
+            self._log_now("routing_share_rejected", reason=str(exc))
+            return
+        if batch.publisher != self.publisher:
+            self.metrics.share_batches.labels("received").inc()
+            self.dispatcher.learn_tenants(batch, time.monotonic())
+
     # -- sending --------------------------------------------------------------------------
 
     async def _publish_loop(self) -> None:
@@ -164,6 +186,7 @@ class RoutingShare:
                 next_full = now + settings.full_s
                 self.dispatcher.expire_peers(now, settings.silent_s)
                 self.metrics.share_peers.set(self.dispatcher.peers.active(now, settings.silent_s))
+            await self._publish_tenants(full)
             learned = self.dispatcher.take_learned(full)
             retry, self._unsent = self._unsent, None
             if retry is not None:
@@ -191,6 +214,37 @@ class RoutingShare:
             self.metrics.share_facts.labels("sent").inc(len(learned.facts))
             self.metrics.share_bytes.labels("sent").inc(len(data))
 
+    async def _publish_tenants(self, full: bool) -> None:
+        """This replica's tenants per pool, if fair queueing has any to tell; a batch that cannot go is
+        dropped (counted): the next full one says everything again."""
+        if full:
+            self.metrics.tenant_share_replicas.set(1 + len(self.dispatcher.fleet_tenants))
+        told = self.dispatcher.take_tenant_shares(full)
+        if not told:
+            return
+        if not self.up:
+            self.metrics.share_batches.labels("dropped").inc()
+            return
+        data = tenant_share.encode(tenant_share.TenantBatch(self.publisher, self._tenant_sequence + 1, told))
+        assert self._publisher_client is not None
+        try:
+            await self._publisher_client.publish(self.settings.channel, data)
+        except (RedisError, OSError) as exc:
+            self.metrics.share_batches.labels("dropped").inc()
+            self._log_now("routing_share_publish_failed", reason=f"{type(exc).__name__}: {exc}")
+            return
+        self._tenant_sequence += 1
+        self.metrics.share_batches.labels("sent").inc()
+        self.metrics.share_bytes.labels("sent").inc(len(data))
+
+    def _tenant_shares_local(self) -> None:
+        self.metrics.tenant_share_replicas.set(1)
+        if self.dispatcher.shares_tenants:
+            log.warning(
+                "tenant_shares_local",
+                effect="each tenant's fair share counts this replica's requests only, until the channel is back",
+            )
+
     # -- state ----------------------------------------------------------------------------
 
     def _resumed(self) -> None:
@@ -216,6 +270,7 @@ class RoutingShare:
                 effect=f"each engine takes at most 1/{replicas} of its concurrency limit from this replica",
             )
         if was != "down":
+            self._tenant_shares_local()
             self._state = "down"
             self._down_since = time.monotonic()
             log.warning(

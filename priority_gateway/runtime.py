@@ -153,11 +153,10 @@ class Gateway:
         self.monitor.on_unwatch.append(self._engine_unwatched)
 
     def _routing_share(self, config: Config) -> RoutingShare | None:
-        """Replicas on Redis share what they route (``prefix.share``); with ``memory`` there is one replica."""
+        """Replicas on Redis share what they route (``prefix.share``), their load and their tenants, whatever
+        the pools' routing policy; with ``memory`` there is one replica."""
         share = config.prefix.share
         if config.store == "memory" or not share.enabled:
-            return None
-        if not any(pool.policy == "prefix" for pool in config.pools.values()):
             return None
         return RoutingShare(config.store, share, self.dispatcher, self.metrics, config.prefix.block_chars)
 

@@ -21,6 +21,11 @@ Rules:
   at its concurrency cap starts nothing more; one at or over its weighted share of a pool's
   slots, while other tenants are active there, starts only where an engine keeps the backfill
   reserve free and serves no tenant under its share (alone, it may take every slot).
+  Replicas that share their tenants (``core/tenant_share.py``) count every replica's requests in
+  those shares; and when another replica has a tenant waiting that is further below its share than
+  one here, this replica leaves it the free room for ``PEER_HOLD_S`` (the other's next poll), then
+  takes it: so a tenant whose requests all come through one replica neither takes more than its
+  share nor starves.
   A started request's charge (predicted prompt + decode tokens) is settled when it ends with the
   real count the caller reports (``finish(generated=...)``); a preempted or retried attempt's
   charge is refunded, since it is charged again when it starts again.
@@ -64,8 +69,14 @@ from priority_gateway.core.routing import Choice, Policy, make_policy
 from priority_gateway.core.safe_share import SafeShare
 from priority_gateway.core.sharing import Batch, EngineLoad, Learned, Peers
 from priority_gateway.core.slots import FullEngine, Running, SlotTimes
+from priority_gateway.core.tenant_share import FleetTenants, Key, TenantBatch, TenantShare, TenantShares
 from priority_gateway.core.tenants import TenantLoad
 from priority_gateway.core.ttft_model import TTFTModel
+
+PEER_HOLD_S = 0.1
+"""How long a replica leaves free room to another replica's waiting tenant that is further below its
+share than any of its own: two of the other's polls (every 50 ms) and the channel's few ms. Past it,
+the room goes to whoever is here (work-conserving when the other cannot start it after all)."""
 
 
 @dataclass(slots=True)
@@ -236,6 +247,10 @@ class Dispatcher:
         self._load_changed: set[str] | None = None
         self.peers = Peers()
         self.safe_share = SafeShare()
+        self.fleet_tenants = FleetTenants()
+        self._told_tenants: dict[Key, TenantShare] | None = None
+        # Per pool, since when a start here has given way to another replica's tenant (``PEER_HOLD_S``).
+        self._holding: dict[str, float] = {}
         self._reindex(0.0)
 
     # -- topology and health -------------------------------------------------
@@ -291,6 +306,8 @@ class Dispatcher:
         """Keep routing facts and load changes for other replicas (``take_learned``)."""
         if self._load_changed is None:
             self._load_changed = set()
+        if self._told_tenants is None:
+            self._told_tenants = {}
         for pool in self.pools.values():
             share = getattr(pool.policy, "share", None)
             if share is not None:
@@ -326,14 +343,51 @@ class Dispatcher:
                 applied += 1
         return applied, missed
 
+    def take_tenant_shares(self, full: bool = False) -> TenantShares:
+        """This replica's tenants per pool (running, queued, weight) that changed since the last call,
+        or all of them (``full``), for the other replicas (``core/tenant_share.py``); nothing to tell
+        without fair queueing."""
+        told = self._told_tenants
+        if told is None or not self.shares_tenants:
+            return TenantShares()
+        now = self._told_tenants = self._own_tenant_shares()
+        if full:
+            return TenantShares(dict(now), full=True)
+        changed = {key: share for key, share in now.items() if told.get(key) != share}
+        for key in told.keys() - now.keys():
+            changed[key] = TenantShare(0, 0, told[key].weight)
+        return TenantShares(changed)
+
+    @property
+    def shares_tenants(self) -> bool:
+        """Tenants' requests go to the other replicas (sharing on, and fair queueing to use them)."""
+        return self._told_tenants is not None and self.admission.enabled and self.admission.fair
+
+    def _own_tenant_shares(self) -> dict[Key, TenantShare]:
+        out: dict[Key, TenantShare] = {}
+        for name, pool in self.pools.items():
+            backlog = pool.queue.backlog()
+            running = self.tenants.running(name)
+            for tenant in running.keys() | backlog.keys():
+                queued, weight = backlog.get(tenant, (0, self.tenants.weight(tenant)))
+                out[(name, tenant)] = TenantShare(running.get(tenant, 0), queued, weight)
+        return out
+
+    def learn_tenants(self, batch: TenantBatch, now: float) -> None:
+        """Another replica's tenants: their requests count in every tenant's share of a pool from now on."""
+        self.fleet_tenants.report(batch, now)
+
     def expire_peers(self, now: float, silent_s: float) -> None:
         """Forget what replicas not heard from within ``silent_s`` said (they stopped, or the channel broke)."""
         self._peer_load_changed(self.peers.expire(now, silent_s))
+        self.fleet_tenants.expire(now, silent_s)
 
     def lost_peers(self, now: float | None = None) -> bool:
         """The channel is down: route on this replica's own knowledge (and the engines' scrapes) alone,
-        and admit at most the safe share of each limit. True when the safe share began now."""
+        tenants' shares counted on its own requests alone, and admit at most the safe share of each
+        limit. True when the safe share began now."""
         self._peer_load_changed(self.peers.clear())
+        self.fleet_tenants.clear()
         return self.admission.enabled and self.safe_share.lost(math.inf if now is None else now)
 
     def share_resumed(self, now: float) -> None:
@@ -424,7 +478,8 @@ class Dispatcher:
         if not any(e.healthy for e in pool.engines) and not self._overflow_pools(req):
             return self._no_engine(req, pool, exclude)
         self.tenants.note(req.tenant, req.max_concurrency, req.weight)
-        if self.tenants.has_room(req.tenant) and pool.queue.position(req, math.inf, self._ahead_of(req, pool)) == 0:
+        room = self.tenants.has_room(req.tenant)
+        if room and pool.queue.position(req, math.inf, self._ahead_of(req, pool, now)) == 0:
             placed = self._place(req, pool, now, exclude)
             if placed is not None:
                 placed.charge = pool.queue.charge(req)
@@ -456,12 +511,12 @@ class Dispatcher:
         return out
 
     def _tenant_room(
-        self, tenant: str, pool: Pool, exclude: Sequence[str] = (), model: str | None = None
+        self, tenant: str, pool: Pool, now: float, exclude: Sequence[str] = (), model: str | None = None
     ) -> list[EngineState]:
         """Engines with room for ``tenant``: one at or over its weighted share of the pool's slots
         leaves the backfill reserve free for tenants under theirs and keeps off the engines that
         serve them (all of the pool when alone)."""
-        over = self._over_share(pool)
+        over = self._over_share(pool, now)
         if over(tenant):
             return self._apart(self._backfill_room(pool, exclude, model), over)
         return self._with_room(pool, exclude, model=model)
@@ -471,23 +526,55 @@ class Dispatcher:
         stall their decode steps."""
         return [e for e in engines if all(over(d.request.tenant) for d in self._running.get(e.id, ()))]
 
-    def _over_share(self, pool: Pool) -> Callable[[str], bool]:
+    def _over_share(self, pool: Pool, now: float | None) -> Callable[[str], bool]:
+        """Whether a tenant may take only the backfill reserve of ``pool`` now: it is at or over its
+        weighted share of the slots, or (``now`` given, for ``PEER_HOLD_S`` at most) another replica
+        has a tenant waiting that is further below its own share."""
         if not self.admission.fair:
             return lambda tenant: False
         slots = sum(self._capacity(e)[1] for e in pool.healthy())
-        return self.tenants.over_share(pool.name, slots, pool.queue.all_tenants())
+        queued = {tenant: weight for tenant, (_, weight) in pool.queue.backlog().items()}
+        others = self.fleet_tenants.of(pool.name)
+        over = self.tenants.over_share(pool.name, slots, queued, others)
+        waiting = self.fleet_tenants.waiting(pool.name)
+        if not waiting or now is None or not self._yielding(pool.name, now):
+            return over
+        running = self.tenants.running(pool.name)
+        for tenant, (n, _) in others.items():
+            running[tenant] = running.get(tenant, 0) + n
+        weights = {t: w for t, (_, w) in others.items()} | queued
 
-    def _may_start(self, pool: Pool) -> Callable[[str], bool]:
+        def after_one_more(tenant: str) -> float:
+            weight = weights.get(tenant) or self.tenants.weight(tenant)
+            return (running.get(tenant, 0) + 1) / weight
+
+        # Another replica's waiting tenants that could start (under their share), least served first.
+        behind = sorted((after_one_more(t), t) for t, w in waiting.items() if not over(t))
+        if not behind:
+            return over
+
+        def held_back(tenant: str) -> bool:
+            first = next((usage for usage, t in behind if t != tenant), None)
+            return first is not None and first < after_one_more(tenant)
+
+        return lambda tenant: over(tenant) or held_back(tenant)
+
+    def _yielding(self, pool: str, now: float) -> bool:
+        """Starts in ``pool`` still give way to other replicas' tenants: not for ``PEER_HOLD_S`` already."""
+        since = self._holding.get(pool)
+        return since is None or now - since < PEER_HOLD_S
+
+    def _may_start(self, pool: Pool, now: float | None) -> Callable[[str], bool]:
         """Whether a tenant's queued request could start in ``pool`` now (its cap, its share, the room)."""
-        over = self._over_share(pool)
+        over = self._over_share(pool, now)
         spare = bool(self._apart(self._backfill_room(pool, ()), over))
         room = bool(self._with_room(pool, ()))
         return lambda tenant: self.tenants.has_room(tenant) and (spare if over(tenant) else room)
 
-    def _ahead_of(self, req: RouteRequest, pool: Pool) -> Callable[[str], bool]:
+    def _ahead_of(self, req: RouteRequest, pool: Pool, now: float) -> Callable[[str], bool]:
         """Whether a tenant's queued requests may start before ``req``: not at its cap, and not over
         its share when ``req``'s tenant is under its own (slots freed then go to those under)."""
-        over = self._over_share(pool)
+        over = self._over_share(pool, now)
         if over(req.tenant):
             return self.tenants.has_room
         return lambda tenant: self.tenants.has_room(tenant) and not over(tenant)
@@ -501,7 +588,7 @@ class Dispatcher:
     def _place(self, req: RouteRequest, pool: Pool, now: float, exclude: Sequence[str] = ()) -> Dispatch | None:
         """Start ``req`` on an engine with room, or return None."""
         model = req.model
-        choice = pool.policy.choose(req, self._tenant_room(req.tenant, pool, exclude, model), now)
+        choice = pool.policy.choose(req, self._tenant_room(req.tenant, pool, now, exclude, model), now)
         if choice is not None:
             return self._start(req, pool, choice, now, exclude)
         if self.classes.is_batch(req.cls):
@@ -554,14 +641,15 @@ class Dispatcher:
 
     def _enqueue(self, req: RouteRequest, pool: Pool, now: float) -> Answer:
         deadline = self._start_deadline(req, pool)
+        ahead = self._ahead_of(req, pool, now)
         wait = None
         if req.budget.ttft_s is not None:
-            wait = self._expected_wait(pool, pool.queue.position(req, deadline, self._ahead_of(req, pool)), now)
+            wait = self._expected_wait(pool, pool.queue.position(req, deadline, ahead), now)
             if deadline <= now or (wait is not None and now + wait > deadline):
                 return self._refuse_slo(req, wait)
         if len(pool.queue) >= self.admission.max_queue:
             if wait is None:
-                wait = self._expected_wait(pool, pool.queue.position(req, deadline, self._ahead_of(req, pool)), now)
+                wait = self._expected_wait(pool, pool.queue.position(req, deadline, ahead), now)
             if self.classes.is_batch(req.cls) or pool.queue.depth_of(self.classes.batch_like) == 0:
                 full = f"the {pool.name!r} queue is full"
                 return Rejection(req, Refusal.QUEUE_FULL, full, self._retry_after(wait))
@@ -711,7 +799,7 @@ class Dispatcher:
         out = self._notices
         for pool in self.pools.values():
             queue = pool.queue
-            while (entry := queue.peek(self._may_start(pool))) is not None:
+            while (entry := queue.peek(self._may_start(pool, now))) is not None:
                 if entry.deadline < now:
                     # Its deadline passed since the last poll: refused, never started late.
                     self._expire(now)
@@ -725,6 +813,21 @@ class Dispatcher:
                 placed.charge = taken.charge if taken is not None else None
                 self._queued_pool.pop(entry.request.id, None)
                 out.append(placed)
+            self._note_holding(pool, now)
+
+    def _note_holding(self, pool: Pool, now: float) -> None:
+        """Left room in ``pool`` to another replica's tenant (something of ours could start there were it
+        not for them): since when, to stop giving way after ``PEER_HOLD_S``."""
+        held = (
+            len(self.fleet_tenants) > 0
+            and len(pool.queue) > 0
+            and pool.queue.peek(self._may_start(pool, None)) is not None
+            and bool(self._with_room(pool, ()))
+        )
+        if held:
+            self._holding.setdefault(pool.name, now)
+        else:
+            self._holding.pop(pool.name, None)
 
     def _take_notices(self) -> list[Notice]:
         notices, self._notices = self._notices, []

@@ -98,6 +98,10 @@ class FairQueue(Generic[T]):
         """Queued requests per tenant."""
         return {name: len(t.live) for name, t in self._tenants.items() if t.live}
 
+    def backlog(self) -> dict[str, tuple[int, float]]:
+        """Queued requests and weight per tenant."""
+        return {name: (len(t.live), t.weight) for name, t in self._tenants.items() if t.live}
+
     def entries(self) -> Iterator[Waiting[T]]:
         for tenant in self._tenants.values():
             yield from tenant.live.values()

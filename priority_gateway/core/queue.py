@@ -48,9 +48,13 @@ class WaitQueue:
     def tenants(self, cls: str) -> dict[str, int]:
         return self._lines[cls].tenants()
 
-    def all_tenants(self) -> set[str]:
-        """Tenants with requests waiting in any class."""
-        return {tenant for line in self._lines.values() for tenant in line.tenants()}
+    def backlog(self) -> dict[str, tuple[int, float]]:
+        """Per tenant with requests waiting in any class: how many, and its weight."""
+        out: dict[str, tuple[int, float]] = {}
+        for line in self._lines.values():
+            for tenant, (n, weight) in line.backlog().items():
+                out[tenant] = (out.get(tenant, (0, weight))[0] + n, weight)
+        return out
 
     def cost(self, req: RouteRequest) -> float:
         """What a request is charged: its prompt and predicted decode tokens."""

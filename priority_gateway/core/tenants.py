@@ -8,13 +8,16 @@ Rules:
   word wins). A tenant at its cap starts nothing more; its queued requests are passed over,
   not refused.
 - A tenant's weighted share of a pool's slots is its weight over the total weight of the
-  tenants active there (in flight in that pool, or queued); a tenant at or over its share is
-  ``over_share``, never a tenant that is alone.
+  tenants active there (in flight in that pool, or queued: the weight its queued requests carry);
+  a tenant at or over its share is
+  ``over_share``, never a tenant that is alone. With other replicas' tenants (``others``, as they
+  report them: ``core/tenant_share.py``), their requests count too, and their tenants are active:
+  shares are the fleet's, not this replica's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 
 
 class TenantLoad:
@@ -38,19 +41,41 @@ class TenantLoad:
     def weight(self, tenant: str) -> float:
         return self._weights.get(tenant, 1.0)
 
-    def over_share(self, pool: str, slots: float, queued: Iterable[str]) -> Callable[[str], bool]:
+    def running(self, pool: str) -> dict[str, int]:
+        """This replica's requests in flight in ``pool``, per tenant."""
+        return dict(self._in_pool.get(pool, {}))
+
+    def over_share(
+        self,
+        pool: str,
+        slots: float,
+        queued: Mapping[str, float],
+        others: Mapping[str, tuple[int, float]] | None = None,
+    ) -> Callable[[str], bool]:
         """Whether a tenant holds at least its weighted share of the ``slots`` of ``pool`` among the
-        tenants active there now (computed once: the test is asked of many tenants in a row)."""
+        tenants active there now (computed once: the test is asked of many tenants in a row).
+        ``queued``: the tenants waiting for the pool and their weight; ``others``: the other replicas'
+        tenants active in the pool, their requests running there and weight."""
         running = self._in_pool.get(pool, {})
+        weights = {**queued, **self._weights}
+        if others:
+            running = dict(running)
+            weights = {tenant: weight for tenant, (_, weight) in others.items()} | weights
+            for tenant, (n, _) in others.items():
+                running[tenant] = running.get(tenant, 0) + n
         active = set(running) | set(queued)
-        total = sum(self.weight(t) for t in active)
+
+        def weight(tenant: str) -> float:
+            return weights.get(tenant, 1.0)
+
+        total = sum(weight(t) for t in active)
 
         def over(tenant: str) -> bool:
             if not active or active == {tenant}:
                 return False
-            weight = self.weight(tenant)
-            everyone = total if tenant in active else total + weight
-            return running.get(tenant, 0) >= slots * weight / everyone
+            mine = weight(tenant)
+            everyone = total if tenant in active else total + mine
+            return running.get(tenant, 0) >= slots * mine / everyone
 
         return over
 

@@ -23,12 +23,15 @@ Rules:
   their CPU cache; a trace request's ``adapter`` is its model, and it is scraped back as vLLM's
   ``vllm:lora_requests_info`` (the newest series).
 - ``replicas`` gateway replicas each get every Nth arrival, as a Service spreads connections;
-  each scrapes every engine and sees only its own requests in flight.
+  each scrapes every engine and sees only its own requests in flight. A tenant in
+  ``tenant_replica`` sends everything through that one replica (one client on one connection).
 - With ``share`` on (the server's default on a Redis store), replicas tell each other what they
   routed and their pending prefill (``priority_gateway/core/sharing.py``) as the server does over Redis:
   what a replica has to tell is sent in one batch at the next multiple of ``share_interval_s`` and
   reaches every other replica ``share_delay_s`` later; every ``share_full_s`` each replica sends
-  all its pending prefill. The bytes are counted as the server would send them (``encode``).
+  all its pending prefill. With fair queueing, each replica's tenants per pool go in a tenant batch
+  beside it (``priority_gateway/core/tenant_share.py``). The bytes are counted as the server would
+  send them (``encode``). Sharing does not depend on the routing policy.
 - ``share_down`` ``(from, until)``: the channel breaks then, as when Redis dies: batches in transit
   and sent meanwhile are lost, every replica forgets the others (``lost_peers``) and admits its safe
   share; from ``until`` batches flow again and each returns to shared admission once settled
@@ -48,7 +51,7 @@ import math
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from priority_gateway.core.classes import BATCH, CLASSES, INTERACTIVE, Budget
 from priority_gateway.core.dispatcher import (
@@ -69,6 +72,8 @@ from priority_gateway.core.precise import token_block_hashes
 from priority_gateway.core.prefix import chain_seed, hash_blocks
 from priority_gateway.core.request import RouteRequest
 from priority_gateway.core.sharing import Batch, Learned, encode
+from priority_gateway.core.tenant_share import TenantBatch, TenantShares
+from priority_gateway.core.tenant_share import encode as encode_tenants
 from priority_gateway.engines.sim.core import EngineCore, EngineRequest, SharedDevice, StepResult
 from priority_gateway.engines.sim.kv_cache import lru_hit_ratio
 from priority_gateway.engines.sim.lora import LoraAdapter
@@ -131,6 +136,10 @@ class ClusterSetup:
     """The channel is broken from the first time to the second (seconds of the run)."""
     share_window_s: float = 30.0
     """Replicas heard within this long before the channel broke split each limit (the safe share)."""
+    share_tenants: bool = True
+    """With ``share``: replicas tell each other their tenants too (off: fair shares are each replica's own)."""
+    tenant_replica: dict[str, int] = field(default_factory=dict)
+    """Tenants whose every request goes through this replica (the others' are spread round robin)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -234,7 +243,7 @@ class Cluster:
             for _ in range(max(1, setup.replicas))
         ]
         self._next_replica = itertools.count()
-        self.sharing = setup.share and setup.policy == "prefix" and len(self.dispatchers) > 1
+        self.sharing = setup.share and len(self.dispatchers) > 1
         if self.sharing:
             for dispatcher in self.dispatchers:
                 dispatcher.share_learning()
@@ -243,8 +252,11 @@ class Cluster:
         self.share_up = True
         self.safe_share_spans: list[dict[str, float | None]] = []
         self._outgoing: list[Learned | None] = [None for _ in self.dispatchers]
+        self._outgoing_tenants: list[TenantShares | None] = [None for _ in self.dispatchers]
+        self._send_due = [False for _ in self.dispatchers]
         self._sequence = [0 for _ in self.dispatchers]
-        self.share_stats = {"batches": 0, "facts": 0, "bytes": 0, "applied": 0}
+        self._tenant_sequence = [0 for _ in self.dispatchers]
+        self.share_stats = {"batches": 0, "facts": 0, "bytes": 0, "applied": 0, "tenant_batches": 0}
         self.records: dict[str, Record] = {}
         self._events: list[tuple[float, int, int, Any]] = []
         self._order = itertools.count()
@@ -424,7 +436,8 @@ class Cluster:
         if self.precise:
             req.block_tokens = self._block_size(tr.cls)
             req.prefix = self._token_prefix(tr, req.block_tokens)
-        replica = next(self._next_replica) % len(self.dispatchers)
+        pinned = self.setup.tenant_replica.get(tr.tenant)
+        replica = (pinned if pinned is not None else next(self._next_replica)) % len(self.dispatchers)
         rec = self.records[rid] = Record(tr, req, flood=flood, replica=replica)
         return rec
 
@@ -545,15 +558,17 @@ class Cluster:
         interval = self.setup.share_interval_s
         for replica, dispatcher in enumerate(self.dispatchers):
             learned = dispatcher.take_learned(full)
-            if not learned:
+            tenants = dispatcher.take_tenant_shares(full) if self.setup.share_tenants else None
+            if not learned and not tenants:
                 continue
-            waiting = self._outgoing[replica]
-            if waiting is None:
-                self._outgoing[replica] = learned
+            if learned:
+                _fold(self._outgoing, replica, learned)
+            if tenants:
+                _fold(self._outgoing_tenants, replica, tenants)
+            if not self._send_due[replica]:
+                self._send_due[replica] = True
                 send_at = math.floor(self.now / interval + 1) * interval if interval > 0 else self.now
                 self._at(send_at, _SHARE_SEND, replica)
-            else:
-                waiting.merge(learned)
 
     def _share_full(self) -> None:
         """Every replica's heartbeat: all its pending prefill; and receivers forget the silent."""
@@ -575,24 +590,36 @@ class Cluster:
 
     def _share_send(self, replica: int) -> None:
         learned, self._outgoing[replica] = self._outgoing[replica], None
-        assert learned is not None
+        told, self._outgoing_tenants[replica] = self._outgoing_tenants[replica], None
+        self._send_due[replica] = False
         if not self.share_up:
             return  # the server drops what it cannot publish (counted there)
-        self._sequence[replica] += 1
-        batch = Batch(replica.to_bytes(16, "big"), self._sequence[replica], self.now, 64, learned)
+        publisher = replica.to_bytes(16, "big")
         stats = self.share_stats
-        stats["batches"] += 1
-        stats["facts"] += len(learned.facts)
-        stats["bytes"] += len(encode(batch))
-        self._at(self.now + self.setup.share_delay_s, _SHARE_ARRIVE, (replica, batch))
+        batch = tenant_batch = None
+        if learned is not None:
+            self._sequence[replica] += 1
+            batch = Batch(publisher, self._sequence[replica], self.now, 64, learned)
+            stats["batches"] += 1
+            stats["facts"] += len(learned.facts)
+            stats["bytes"] += len(encode(batch))
+        if told is not None:
+            self._tenant_sequence[replica] += 1
+            tenant_batch = TenantBatch(publisher, self._tenant_sequence[replica], told)
+            stats["tenant_batches"] += 1
+            stats["bytes"] += len(encode_tenants(tenant_batch))
+        self._at(self.now + self.setup.share_delay_s, _SHARE_ARRIVE, (replica, batch, tenant_batch))
 
-    def _share_arrive(self, data: tuple[int, Batch]) -> None:
-        sender, batch = data
+    def _share_arrive(self, data: tuple[int, Batch | None, TenantBatch | None]) -> None:
+        sender, batch, tenant_batch = data
         if not self.share_up:
             return  # lost in transit with the channel
         for replica, dispatcher in enumerate(self.dispatchers):
             if replica != sender:
-                self.share_stats["applied"] += dispatcher.learn(batch, self.now)[0]
+                if batch is not None:
+                    self.share_stats["applied"] += dispatcher.learn(batch, self.now)[0]
+                if tenant_batch is not None:
+                    dispatcher.learn_tenants(tenant_batch, self.now)
 
     def _share_summary(self) -> dict[str, Any] | None:
         if not self.sharing:
@@ -628,6 +655,22 @@ class Cluster:
                 if state is not None:
                     state.mark_scrape_start()
                     dispatcher.apply_scrape(engine.id, metrics, self.now)
+
+
+class _Mergeable(Protocol):
+    def merge(self, later: Any) -> None: ...
+
+
+M = TypeVar("M", bound=_Mergeable)
+
+
+def _fold(outgoing: list[M | None], replica: int, later: M) -> None:
+    """Add ``later`` to what ``replica`` has waiting to send."""
+    waiting = outgoing[replica]
+    if waiting is None:
+        outgoing[replica] = later
+    else:
+        waiting.merge(later)
 
 
 def _lora_info(core: EngineCore) -> LoraInfo | None:
