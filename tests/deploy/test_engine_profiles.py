@@ -61,6 +61,9 @@ def test_interactive_pool_flags() -> None:
     assert json.loads(values["--limit-mm-per-prompt"]) == {"image": 0, "video": 0, "audio": 0}
     # The SLO holds up to concurrency 4 on one GPU (NVFP4): that is the engine's seat count.
     assert values["--max-num-seqs"] == "4"
+    # Prefill chunks small enough that a step beside decoding requests stays within the ITL budget.
+    assert "--enable-chunked-prefill" in values
+    assert int(values["--max-num-batched-tokens"]) <= 512
     assert "--speculative-config" not in values
     assert values["--scheduling-policy"] == "fcfs"
     assert values["--tensor-parallel-size"] == "1"
@@ -104,6 +107,8 @@ def test_simulator_stands_in_for_the_pool(pool: str) -> None:
     assert parsed.port == data["port"]
     assert parsed.model == vllm["--served-model-name"]
     assert parsed.max_num_seqs == int(vllm["--max-num-seqs"])
+    if "--max-num-batched-tokens" in vllm:
+        assert parsed.max_num_batched_tokens == int(vllm["--max-num-batched-tokens"])
     assert parsed.max_model_len == int(vllm["--max-model-len"])
     assert parsed.scheduling_policy == vllm["--scheduling-policy"]
     assert parsed.enable_prompt_tokens_details == ("--enable-prompt-tokens-details" in vllm)
@@ -124,6 +129,8 @@ print(json.dumps({
     "model": engine.model,
     "served_model_name": engine.served_model_name,
     "max_num_seqs": engine.max_num_seqs,
+    "max_num_batched_tokens": engine.max_num_batched_tokens,
+    "enable_chunked_prefill": engine.enable_chunked_prefill,
     "scheduling_policy": engine.scheduling_policy,
     "enable_prefix_caching": engine.enable_prefix_caching,
     "limit_mm_per_prompt": engine.limit_mm_per_prompt,
@@ -149,6 +156,9 @@ def test_real_vllm_accepts_the_arguments(pool: str) -> None:
     assert engine["model"] == data["args"][0]
     assert engine["served_model_name"] in (values["--served-model-name"], [values["--served-model-name"]])
     assert engine["max_num_seqs"] == int(values["--max-num-seqs"])
+    if "--max-num-batched-tokens" in values:
+        assert engine["max_num_batched_tokens"] == int(values["--max-num-batched-tokens"])
+        assert engine["enable_chunked_prefill"] is True
     assert engine["scheduling_policy"] == values["--scheduling-policy"]
     assert engine["enable_prefix_caching"] is True
     assert engine["limit_mm_per_prompt"] == json.loads(values["--limit-mm-per-prompt"])
