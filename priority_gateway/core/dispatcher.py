@@ -20,7 +20,10 @@ Rules:
 - Inside a class, tenants share the queue by weighted fair queueing (``fair_queue``). A tenant
   at its concurrency cap starts nothing more; one at or over its weighted share of a pool's
   slots, while other tenants are active there, starts only where an engine keeps the backfill
-  reserve free and serves no tenant under its share (alone, it may take every slot).
+  reserve free, unless nobody under its share waits and another tenant holds more per weight
+  (``TenantLoad.over_share``; alone, it may take every slot). Its prefills do not stall the
+  others' decoding beyond their ITL budget when the engines prefill in chunks of a bounded
+  token budget per step (``--max-num-batched-tokens``), as the interactive pool's do.
   Replicas that share their tenants (``core/tenant_share.py``) count every replica's requests in
   those shares; and when another replica has a tenant waiting that is further below its share than
   one here, this replica leaves it the free room for ``PEER_HOLD_S`` (the other's next poll), then
@@ -513,18 +516,11 @@ class Dispatcher:
     def _tenant_room(
         self, tenant: str, pool: Pool, now: float, exclude: Sequence[str] = (), model: str | None = None
     ) -> list[EngineState]:
-        """Engines with room for ``tenant``: one at or over its weighted share of the pool's slots
-        leaves the backfill reserve free for tenants under theirs and keeps off the engines that
-        serve them (all of the pool when alone)."""
-        over = self._over_share(pool, now)
-        if over(tenant):
-            return self._apart(self._backfill_room(pool, exclude, model), over)
+        """Engines with room for ``tenant``: one that must leave the pool's reserve to the others
+        (``TenantLoad.over_share``) starts only where an engine keeps the backfill reserve free."""
+        if self._over_share(pool, now)(tenant):
+            return self._backfill_room(pool, exclude, model)
         return self._with_room(pool, exclude, model=model)
-
-    def _apart(self, engines: list[EngineState], over: Callable[[str], bool]) -> list[EngineState]:
-        """``engines`` that serve no tenant under its share: an over-share tenant's prefills would
-        stall their decode steps."""
-        return [e for e in engines if all(over(d.request.tenant) for d in self._running.get(e.id, ()))]
 
     def _over_share(self, pool: Pool, now: float | None) -> Callable[[str], bool]:
         """Whether a tenant may take only the backfill reserve of ``pool`` now: it is at or over its
@@ -536,13 +532,13 @@ class Dispatcher:
         queued = {tenant: weight for tenant, (_, weight) in pool.queue.backlog().items()}
         others = self.fleet_tenants.of(pool.name)
         over = self.tenants.over_share(pool.name, slots, queued, others)
-        waiting = self.fleet_tenants.waiting(pool.name)
+        waiting = {tenant: w for tenant, (_, q, w) in others.items() if q}
         if not waiting or now is None or not self._yielding(pool.name, now):
             return over
         running = self.tenants.running(pool.name)
-        for tenant, (n, _) in others.items():
+        for tenant, (n, _, _) in others.items():
             running[tenant] = running.get(tenant, 0) + n
-        weights = {t: w for t, (_, w) in others.items()} | queued
+        weights = {t: w for t, (_, _, w) in others.items()} | queued
 
         def after_one_more(tenant: str) -> float:
             weight = weights.get(tenant) or self.tenants.weight(tenant)
@@ -567,7 +563,7 @@ class Dispatcher:
     def _may_start(self, pool: Pool, now: float | None) -> Callable[[str], bool]:
         """Whether a tenant's queued request could start in ``pool`` now (its cap, its share, the room)."""
         over = self._over_share(pool, now)
-        spare = bool(self._apart(self._backfill_room(pool, ()), over))
+        spare = bool(self._backfill_room(pool, ()))
         room = bool(self._with_room(pool, ()))
         return lambda tenant: self.tenants.has_room(tenant) and (spare if over(tenant) else room)
 

@@ -197,13 +197,9 @@ class FleetTenants:
         self._peers.clear()
         self._pools.clear()
 
-    def of(self, pool: str) -> dict[str, tuple[int, float]]:
-        """The tenants the others have running or queued in ``pool``: their requests running there, and weight."""
-        return {tenant: (int(c[0]), c[2]) for tenant, c in self._pools.get(pool, {}).items()}
-
-    def waiting(self, pool: str) -> dict[str, float]:
-        """The tenants the others have queued for ``pool``, and their weight."""
-        return {tenant: c[2] for tenant, c in self._pools.get(pool, {}).items() if c[1] > 0}
+    def of(self, pool: str) -> dict[str, tuple[int, int, float]]:
+        """The tenants the others have running or queued in ``pool``: requests running there, queued, weight."""
+        return {tenant: (int(c[0]), int(c[1]), c[2]) for tenant, c in self._pools.get(pool, {}).items()}
 
     def _drop(self, peer: _Publisher) -> None:
         for key, share in peer.shares.items():

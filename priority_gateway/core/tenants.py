@@ -8,11 +8,13 @@ Rules:
   word wins). A tenant at its cap starts nothing more; its queued requests are passed over,
   not refused.
 - A tenant's weighted share of a pool's slots is its weight over the total weight of the
-  tenants active there (in flight in that pool, or queued: the weight its queued requests carry);
-  a tenant at or over its share is
-  ``over_share``, never a tenant that is alone. With other replicas' tenants (``others``, as they
-  report them: ``core/tenant_share.py``), their requests count too, and their tenants are active:
-  shares are the fleet's, not this replica's.
+  tenants active there (in flight in that pool, or queued: the weight its queued requests carry).
+  ``over_share`` says which tenants must leave the pool's reserve alone: a tenant at or over its
+  share, while a tenant under its share waits, or while it holds the most per weight of all (so
+  a tenant that bursts to its share while another holds more than its own is not held back in
+  that other's favour); never a tenant that is alone. With other replicas' tenants (``others``, as
+  they report them: ``core/tenant_share.py``), their requests count too, and their tenants are
+  active: shares are the fleet's, not this replica's.
 """
 
 from __future__ import annotations
@@ -50,19 +52,22 @@ class TenantLoad:
         pool: str,
         slots: float,
         queued: Mapping[str, float],
-        others: Mapping[str, tuple[int, float]] | None = None,
+        others: Mapping[str, tuple[int, int, float]] | None = None,
     ) -> Callable[[str], bool]:
-        """Whether a tenant holds at least its weighted share of the ``slots`` of ``pool`` among the
-        tenants active there now (computed once: the test is asked of many tenants in a row).
-        ``queued``: the tenants waiting for the pool and their weight; ``others``: the other replicas'
-        tenants active in the pool, their requests running there and weight."""
+        """Which tenants must leave the reserve of ``pool`` alone now (see the rules); computed once, as
+        the test is asked of many tenants in a row. ``queued``: the tenants waiting for the pool here
+        and their weight; ``others``: the other replicas' tenants active in the pool, with their
+        requests running there, queued, and weight."""
         running = self._in_pool.get(pool, {})
         weights = {**queued, **self._weights}
+        waiting = set(queued)
         if others:
             running = dict(running)
-            weights = {tenant: weight for tenant, (_, weight) in others.items()} | weights
-            for tenant, (n, _) in others.items():
+            weights = {tenant: weight for tenant, (_, _, weight) in others.items()} | weights
+            for tenant, (n, q, _) in others.items():
                 running[tenant] = running.get(tenant, 0) + n
+                if q:
+                    waiting.add(tenant)
         active = set(running) | set(queued)
 
         def weight(tenant: str) -> float:
@@ -70,12 +75,20 @@ class TenantLoad:
 
         total = sum(weight(t) for t in active)
 
-        def over(tenant: str) -> bool:
-            if not active or active == {tenant}:
-                return False
+        def share(tenant: str) -> float:
             mine = weight(tenant)
-            everyone = total if tenant in active else total + mine
-            return running.get(tenant, 0) >= slots * mine / everyone
+            return slots * mine / (total if tenant in active else total + mine)
+
+        under_waiting = {t for t in waiting if running.get(t, 0) < share(t)}
+        held = sorted(((running.get(t, 0) / weight(t), t) for t in active), reverse=True)
+
+        def over(tenant: str) -> bool:
+            if not active or active == {tenant} or running.get(tenant, 0) < share(tenant):
+                return False
+            if under_waiting - {tenant}:
+                return True
+            most = next((h for h, t in held if t != tenant), 0.0)
+            return running.get(tenant, 0) / weight(tenant) >= most
 
         return over
 

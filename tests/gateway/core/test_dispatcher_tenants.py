@@ -134,7 +134,7 @@ def test_a_full_queue_sheds_the_heaviest_batch_tenant_first():
     assert [o.request.tenant for o in shed] == ["flood"]
 
 
-def test_a_tenant_over_its_share_keeps_off_the_others_engines_but_takes_everything_alone():
+def test_a_tenant_over_its_share_leaves_the_others_room_but_takes_everything_alone():
     d = Dispatcher(
         [PoolSpec("p", ["e0", "e1", "e2", "e3"], policy="least_loaded")],
         admission=AdmissionSettings(enabled=True, limits=LimitSettings(initial=2.0, unbudgeted=2.0), fair=True),
@@ -146,7 +146,7 @@ def test_a_tenant_over_its_share_keeps_off_the_others_engines_but_takes_everythi
     for n, dispatch in enumerate(alone):
         d.finish(dispatch, 1.0 + n)
     # With another tenant active, past its half of the slots it starts only where an engine keeps
-    # a slot spare and runs nothing of the other tenant's (its prefills would stall their decoding) ...
+    # a slot spare ...
     quiet = d.submit(req("quiet"), 10.0).answer
     assert isinstance(quiet, Dispatch)
     noisy = [d.submit(req("noisy"), 10.0).answer for _ in range(8)]
@@ -166,20 +166,6 @@ def test_without_fairness_the_noisy_tenant_takes_every_slot():
     noisy = [d.submit(req("noisy"), 0.0).answer for _ in range(8)]
     assert sum(isinstance(o, Dispatch) for o in noisy) == 7
     assert isinstance(d.submit(req("quiet"), 0.1).answer, Queued)
-
-
-def test_past_its_share_a_tenant_never_joins_an_engine_that_serves_a_tenant_under_its_share():
-    d = Dispatcher(
-        [PoolSpec("p", [f"e{n}" for n in range(4)], policy="least_loaded")],
-        admission=AdmissionSettings(enabled=True, limits=LimitSettings(initial=8.0, unbudgeted=8.0), fair=True),
-        classes=FOUR,
-    )
-    quiet = d.submit(req("quiet"), 0.0).answer
-    noisy = [d.submit(req("noisy"), 0.0).answer for _ in range(32)]
-    started = [o for o in noisy if isinstance(o, Dispatch)]
-    over = started[16:]  # past its half of the 32 slots
-    assert over, "it still gets the spare room of the other engines"
-    assert all(o.engine.id != quiet.engine.id for o in over)
 
 
 def test_a_request_that_ends_early_is_charged_what_it_used_not_its_max_tokens():

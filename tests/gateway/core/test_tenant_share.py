@@ -74,14 +74,16 @@ def test_counts_are_absolute_a_full_batch_is_everything_and_silence_forgets():
     fleet.report(
         TenantBatch(publisher(2), 1, TenantShares({("p", "a"): TenantShare(1), ("p", "b"): TenantShare(2)})), 0.0
     )
-    assert fleet.of("p") == {"a": (4, 1.0), "b": (2, 1.0)}
+    assert fleet.of("p") == {"a": (4, 1, 1.0), "b": (2, 0, 1.0)}
     # A repeated or late batch changes nothing: values, not increments.
     fleet.report(TenantBatch(publisher(1), 2, TenantShares({("p", "a"): TenantShare(3, 1, 2.0)})), 1.0)
     assert fleet.of("p")["a"][0] == 4
     fleet.report(TenantBatch(publisher(2), 2, TenantShares({("p", "b"): TenantShare(0, 1)}, full=True)), 2.0)
-    assert fleet.of("p") == {"a": (3, 2.0), "b": (0, 1.0)}, "a full batch leaves out what its publisher no longer has"
+    assert fleet.of("p") == {"a": (3, 1, 2.0), "b": (0, 1, 1.0)}, (
+        "a full batch leaves out what its publisher no longer has"
+    )
     fleet.expire(4.5, silent_s=3.0)
-    assert fleet.of("p") == {"b": (0, 1.0)} and len(fleet) == 1
+    assert fleet.of("p") == {"b": (0, 1, 1.0)} and len(fleet) == 1
     fleet.clear()
     assert fleet.of("p") == {} and len(fleet) == 0
 
@@ -243,7 +245,7 @@ def test_a_replica_that_loses_the_channel_falls_back_to_its_own_tenants():
     fleet.backlog(0, "noisy", 4)
     assert fleet.inflight() == {"quiet": 2, "noisy": 2}
     a = fleet.replicas[0]
-    assert a.fleet_tenants.of("p") == {"quiet": (2, 1.0)}
+    assert a.fleet_tenants.of("p") == {"quiet": (2, 0, 1.0)}
     assert a._over_share(a.pools["p"], None)("noisy"), "half of the fleet's four slots, with quiet active on b"
     a.lost_peers(fleet.now)
     assert a.fleet_tenants.of("p") == {}
