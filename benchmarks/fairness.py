@@ -1,9 +1,12 @@
 """Noisy neighbour: four tenants of equal weight share an interactive pool; one sends 5x its share.
 
 Virtual time, through the gateway's own core (``gateway sim``'s cluster): 8 engines
-(``gemma4-nvfp4``), admission on, TTFT p99 500 ms / ITL p99 50 ms, Poisson arrivals per
-tenant (1024-token prompts, 128-token answers). ``C`` is what the pool serves within its
-budgets, measured first with one tenant far over it; a tenant's share is C / 4 (four tenants).
+(``gemma4-nvfp4``) with a chunked-prefill budget of ``CHUNK_TOKENS`` tokens per step (vLLM's
+``--max-num-batched-tokens``, as the interactive pool's engines run), admission on, TTFT p99
+500 ms / ITL p99 50 ms, Poisson arrivals per tenant (1024-token prompts, 128-token answers).
+``C`` is what the pool serves within its budgets, measured first with one tenant far over it
+(``PROBE_RPS``); a tenant's share is C / 4 (four tenants). Every run, the noisy tenant's or not,
+has the same engines.
 
 Runs, each with fair queueing (``fair``) and without (``unfair``: one line by deadline):
 
@@ -16,10 +19,20 @@ Runs, each with fair queueing (``fair``) and without (``unfair``: one line by de
 4. alone: the noisy tenant at 5x its share with the others idle: it gets the pool (work-conserving).
 
 A tenant over its weighted share of the pool's slots (while others are active) starts only
-where an engine keeps ``admission.backfill_reserve`` of its limit free and serves no tenant under
-its share, so the others find room at once; alone, it takes every slot.
+where an engine keeps ``admission.backfill_reserve`` of its limit free, so the others find room
+at once; alone, it takes every slot. Chunked prefill keeps its prompts from stalling the others'
+decoding past their ITL budget (``--also-max-num-batched-tokens 8192``: the same runs with a
+whole prompt in one step, for contrast).
 
-    python benchmarks/fairness.py [--minutes 4] [--out benchmarks/results/fairness]
+Several replicas (``--replicas 2,4``): the same scenarios with fair queueing through N gateway
+replicas, each tenant's requests spread over them as a Service spreads connections (``spread``)
+or the noisy tenant's all through one replica (``skewed``), the replicas telling each other
+their tenants' requests (``core/tenant_share.py``) or not (``alone``, for contrast; they share
+routing and load either way, as on a Redis store), with every engine's limit pinned at what one
+replica learned, and as learned (see ``fleet``).
+
+    python benchmarks/fairness.py [--minutes 4] [--replicas 2,4] [--max-num-batched-tokens 384]
+                                  [--also-max-num-batched-tokens 8192] [--out benchmarks/results/fairness]
 """
 
 from __future__ import annotations
@@ -35,6 +48,7 @@ from typing import Any
 
 from priority_gateway.core.classes import BATCH, INTERACTIVE, Budget
 from priority_gateway.core.dispatcher import AdmissionSettings
+from priority_gateway.core.limiter import LimitSettings
 from priority_gateway.engines.sim.profile import load_profile
 from priority_gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup, Record
 from priority_gateway.simulate.report import meets_budget
@@ -49,6 +63,14 @@ TENANTS = ("noisy", "team-a", "team-b", "team-c")
 WELL_BEHAVED = TENANTS[1:]
 WEIGHTS = dict.fromkeys(TENANTS, 1.0)
 WARMUP_S = 30.0
+CHUNK_TOKENS = 384
+"""Prefill tokens per engine step (``--max-num-batched-tokens``): a step with a full chunk beside the
+decoding requests stays within the 50 ms ITL budget on this profile (0.093 ms a prefill token plus
+the step's fixed 4 ms), and a 1024-token prompt still prefills in three steps, well within TTFT."""
+PROBE_RPS = 30.0
+"""The capacity probe's rate, far over what the pool serves within budget."""
+LAYOUTS: dict[str, dict[str, int]] = {"spread": {}, "skewed": {"noisy": 0}}
+"""How tenants reach the replicas: round robin, or the noisy tenant's requests all through replica 0."""
 
 
 def progress(message: str) -> None:
@@ -69,20 +91,43 @@ def arrivals(tenant: str, rate: float, seconds: float, seed: int) -> list[TraceR
         out.append(TraceRequest(t, INPUT, OUTPUT, ids, INTERACTIVE, tenant, tenant=tenant))
 
 
-def simulate(rates: dict[str, float], seconds: float, fair: bool, seed: int = 0) -> dict[str, Record]:
-    trace = sorted(
+def simulate(rates: dict[str, float], seconds: float, fair: bool, seed: int = 0, **options: Any) -> dict[str, Record]:
+    """The scenario's records (``options``: ``cluster``'s)."""
+    return cluster(fair, seed, **options).run(trace_of(rates, seconds, seed))["records"]
+
+
+def trace_of(rates: dict[str, float], seconds: float, seed: int = 0) -> list[TraceRequest]:
+    return sorted(
         (r for tenant, rate in rates.items() if rate > 0 for r in arrivals(tenant, rate, seconds, seed)),
         key=lambda r: r.arrival,
     )
+
+
+def cluster(
+    fair: bool,
+    seed: int = 0,
+    *,
+    chunk: int = CHUNK_TOKENS,
+    replicas: int = 1,
+    share: bool = True,
+    pinned: dict[str, int] | None = None,
+    limit: float | None = None,
+) -> Cluster:
+    """The pool through ``replicas`` gateway replicas, the tenants in ``pinned`` each through one of them;
+    ``limit``: every engine's concurrency limit fixed there, not learned."""
+    limits = LimitSettings() if limit is None else LimitSettings(initial=limit, minimum=limit, maximum=limit)
     setup = ClusterSetup(
-        [PoolSetup(INTERACTIVE, ENGINES, load_profile(PROFILE))],
+        [PoolSetup(INTERACTIVE, ENGINES, load_profile(PROFILE).with_overrides(max_num_batched_tokens=chunk))],
         policy="least_loaded",
-        admission=AdmissionSettings(enabled=True, fair=fair),
+        admission=AdmissionSettings(enabled=True, fair=fair, limits=limits),
         budgets={INTERACTIVE: BUDGET, BATCH: Budget()},
         home={INTERACTIVE: INTERACTIVE, BATCH: INTERACTIVE},
         seed=seed,
+        replicas=replicas,
+        share_tenants=share,
+        tenant_replica=dict(pinned or {}),
     )
-    return Cluster(setup).run(trace)["records"]
+    return Cluster(setup)
 
 
 def per_tenant(records: dict[str, Record], seconds: float) -> dict[str, dict[str, Any]]:
@@ -112,40 +157,103 @@ def jain(values: list[float]) -> float:
     return round(sum(values) ** 2 / (len(values) * sum(v * v for v in values)), 4) if any(values) else 0.0
 
 
-def capacity(seconds: float) -> float:
-    """Requests/s the pool completes within its budgets when one tenant asks for far more."""
-    records = simulate({"probe": 10.0}, seconds, fair=True)
+def capacity(seconds: float, chunk: int = CHUNK_TOKENS) -> tuple[float, float]:
+    """Requests/s the pool completes within its budgets when one tenant asks for far more, and the
+    concurrency limit admission learned for its engines then (their mean)."""
+    rates = {"probe": PROBE_RPS}
+    probe = cluster(True, chunk=chunk)
+    records = probe.run(trace_of(rates, seconds))["records"]
     met = sum(meets_budget(r, BUDGET) for r in records.values() if r.req.arrival >= WARMUP_S)
-    return met / (seconds - WARMUP_S)
+    limits = [limit.limit for limit in probe.dispatchers[0].limits.values()]
+    return met / (seconds - WARMUP_S), sum(limits) / len(limits)
 
 
-def virtual(minutes: float) -> dict[str, Any]:
+def virtual(minutes: float, chunk: int = CHUNK_TOKENS, replicas: tuple[int, ...] = ()) -> dict[str, Any]:
     seconds = 60.0 * minutes
     started = time.monotonic()
-    progress(f"capacity probe ({minutes:g} virtual minutes) ...")
-    c = capacity(seconds)
+    progress(f"capacity probe ({minutes:g} virtual minutes, {chunk} prefill tokens a step) ...")
+    c, learned = capacity(seconds, chunk)
     share = c / len(TENANTS)
-    progress(f"C = {c:.3f} req/s within budget; a tenant's share {share:.3f} req/s")
+    progress(f"C = {c:.3f} req/s within budget (limit learned: {learned:.2f}); a tenant's share {share:.3f} req/s")
     runs: dict[str, dict[str, Any]] = {}
     for mode in ("fair", "unfair"):
         for name, rates in scenarios(share).items():
             progress(f"{mode} / {name}: {', '.join(f'{t} {r:.3f}/s' for t, r in rates.items())} ...")
-            runs.setdefault(mode, {})[name] = per_tenant(simulate(rates, seconds, fair=mode == "fair"), seconds)
+            records = simulate(rates, seconds, fair=mode == "fair", chunk=chunk)
+            runs.setdefault(mode, {})[name] = per_tenant(records, seconds)
     summary: dict[str, Any] = {
         "mode": "virtual",
         "profile": PROFILE,
+        "max_num_batched_tokens": chunk,
         "engines": ENGINES,
         "budget_ms": {"ttft_p99": BUDGET.ttft_s * 1000, "itl_p99": BUDGET.itl_s * 1000},
         "request_tokens": {"input": INPUT, "output": OUTPUT},
         "minutes": minutes,
         "capacity_rps": round(c, 4),
+        "learned_limit": round(learned, 2),
         "share_rps": round(share, 4),
         "rates_rps": {name: {t: round(r, 4) for t, r in rates.items()} for name, rates in scenarios(share).items()},
         "wall_s": None,
         **compare(runs, c * (INPUT + OUTPUT)),
     }
+    if replicas:
+        summary["replicas"] = fleet(summary, share, seconds, chunk, replicas)
     summary["wall_s"] = round(time.monotonic() - started, 1)
     return summary
+
+
+def fleet(
+    one: dict[str, Any], share: float, seconds: float, chunk: int, counts: tuple[int, ...]
+) -> list[dict[str, Any]]:
+    """The fair runs through N replicas, per layout, the replicas sharing their tenants or not.
+
+    Each replica learns its engines' limits from its own requests' gaps, a share of the engine's, so
+    N replicas together learn more slowly than one (``learned``: the product as it is; the fleet's
+    limit at 4 replicas lags one replica's for minutes). To measure the shares alone, the same runs
+    with every limit pinned at what one replica learned in the probe, against one replica pinned
+    alike (``pinned``)."""
+    capacity_tokens = one["capacity_rps"] * (INPUT + OUTPUT)
+    pinned_limit = float(round(one["learned_limit"]))
+    reference = {"learned": one["fair"]["tenants"]}
+    out = []
+    setups = [("pinned", 1, "spread", True)]
+    setups += [("pinned", n, layout, sharing) for n in counts for layout in LAYOUTS for sharing in (True, False)]
+    setups += [("learned", n, layout, True) for n in counts for layout in LAYOUTS]
+    for limits, n, layout, sharing in setups:
+        label = f"{n} replicas, {layout}, {'sharing' if sharing else 'alone'}, limits {limits}"
+        limit = pinned_limit if limits == "pinned" else None
+        by = {}
+        for name, rates in scenarios(share).items():
+            progress(f"{label} / {name} ...")
+            records = simulate(
+                rates, seconds, True, chunk=chunk, replicas=n, share=sharing, pinned=LAYOUTS[layout], limit=limit
+            )
+            by[name] = per_tenant(records, seconds)
+        row = compare({"fair": by}, capacity_tokens)["fair"]
+        tenants = row["tenants"]
+        if n == 1:
+            reference["pinned"] = tenants
+        for t in WELL_BEHAVED:
+            one_replica = reference[limits][t]["slo_attainment"]
+            vs = tenants[t]["slo_attainment"] / one_replica if one_replica else None
+            tenants[t]["vs_one_replica"] = round(vs, 4) if vs is not None else None
+        least = min(tenants[t]["vs_one_replica"] or 0.0 for t in WELL_BEHAVED)
+        out.append(
+            {
+                "replicas": n,
+                "layout": layout,
+                "sharing": sharing,
+                "limits": limits,
+                "limit": limit,
+                **row,
+                "well_behaved_vs_one_replica_min": least,
+            }
+        )
+        progress(
+            f"{label}: Jain {row['jain_index']:.3f}, well-behaved keep >= {row['well_behaved_kept_min']:.3f}, "
+            f">= {least:.3f} of one replica's attainment"
+        )
+    return out
 
 
 def scenarios(share: float) -> dict[str, dict[str, float]]:
@@ -197,7 +305,9 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fleet = summary.get("replicas") or []
+    fig, axes = plt.subplots(1, 3 if fleet else 2, figsize=(17 if fleet else 11, 4))
+    left, right = axes[0], axes[1]
     width = 0.38
     xs = range(len(TENANTS))
     for i, mode in enumerate(("fair", "unfair")):
@@ -228,26 +338,72 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         ax.set_xticks(list(xs), TENANTS)
         ax.set_ylim(0, 1.05)
         ax.legend(fontsize=8)
-    fig.suptitle(f"Noisy neighbour ({summary['mode']}): {summary['engines']} x {summary['profile']}, admission on")
+    if fleet:
+        replicas_panel(axes[2], fleet)
+    chunk = summary.get("max_num_batched_tokens")
+    budget = f", {chunk} prefill tokens a step" if chunk else ""
+    fig.suptitle(
+        f"Noisy neighbour ({summary['mode']}): {summary['engines']} x {summary['profile']}{budget}, admission on"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def replicas_panel(ax: Any, fleet: list[dict[str, Any]]) -> None:
+    """Per replica setup: Jain's index while all are backlogged, and the well-behaved tenants' least
+    attainment with the noisy one present, as a share of one replica's."""
+    labels = [
+        f"{row['replicas']}r {row['layout'] if row['replicas'] > 1 else ''}\n"
+        f"{'shared' if row['sharing'] else 'alone'}, {row['limits']}"
+        for row in fleet
+    ]
+    xs = range(len(fleet))
+    width = 0.38
+    ax.bar([x - width / 2 for x in xs], [row["jain_index"] for row in fleet], width, label="Jain's index, backlogged")
+    ax.bar(
+        [x + width / 2 for x in xs],
+        [row["well_behaved_vs_one_replica_min"] for row in fleet],
+        width,
+        label="well-behaved attainment / one replica's (least)",
+    )
+    ax.axhline(0.95, color="gray", linestyle="--", linewidth=1, label="0.95")
+    ax.set_xticks(list(xs), labels, fontsize=7)
+    ax.set_ylim(0, 1.1)
+    ax.set_title("Several replicas: tenants shared or not; limits pinned or learned")
+    ax.legend(fontsize=7, loc="lower left")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=4.0, help="virtual minutes per run")
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=CHUNK_TOKENS,
+        help="the engines' prefill tokens per step (8192, the profile's: no budget worth the name)",
+    )
+    parser.add_argument(
+        "--also-max-num-batched-tokens",
+        default="",
+        help="the one-replica runs again with these budgets, for contrast (e.g. 8192: one step per prompt)",
+    )
+    parser.add_argument("--replicas", default="", help="also through these numbers of replicas, e.g. 2,4")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/fairness"))
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = {
+    replicas = tuple(int(n) for n in args.replicas.split(",") if n)
+    summary: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/fairness.py", *sys.argv[1:]]),
-        "virtual": virtual(args.minutes),
+        **virtual(args.minutes, args.max_num_batched_tokens, replicas),
     }
+    others = [int(n) for n in args.also_max_num_batched_tokens.split(",") if n]
+    if others:
+        summary["other_budgets"] = {str(chunk): virtual(args.minutes, chunk) for chunk in others}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot(summary["virtual"], out / "fairness.png")
+    plot(summary, out / "fairness.png")
     for mode in ("fair", "unfair"):
-        v = summary["virtual"][mode]
+        v = summary[mode]
         progress(
             f"{mode}: well-behaved keep >= {v['well_behaved_kept_min']:.3f} of their attainment, "
             f"Jain {v['jain_index']:.3f}, noisy alone gets {v['noisy_alone_share_of_capacity']} of C"
