@@ -379,10 +379,11 @@ class RoutingShareConfig:
     """Replicas on a Redis ``store`` tell each other what they routed, through a Redis pub/sub
     channel: which engine got each request (with the prompt's block hashes in approximate mode) and
     their own in-flight, pending prefill and learned concurrency limit per engine, so every replica's
-    prefix index, view of engine load and admission cover the whole fleet's traffic. Never on a
+    prefix index, view of engine load and admission cover the whole fleet's traffic; with fair
+    queueing also their tenants' requests per pool, so tenants' shares are the fleet's. Never on a
     request's path; while the channel is down each replica routes on its own knowledge
-    (``gateway_routing_share_up`` 0) and admits its safe share. With ``store: memory`` there is one
-    replica and nothing to share."""
+    (``gateway_routing_share_up`` 0), admits its safe share and counts only its own requests in
+    tenants' shares. With ``store: memory`` there is one replica and nothing to share."""
 
     enabled: bool = True
     """Share routing with the other replicas when the store is Redis."""

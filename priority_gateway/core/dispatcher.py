@@ -18,12 +18,13 @@ Rules:
   queue, classes by rank (their vLLM ``priority``), until it can start; an interactive-kind
   request that cannot start within its TTFT budget is refused at once with ``slo_budget_exceeded``.
 - Inside a class, tenants share the queue by weighted fair queueing (``fair_queue``). A tenant
-  at its concurrency cap starts nothing more; one at or over its weighted share of a pool's
-  slots, while other tenants are active there, starts only where an engine keeps the backfill
-  reserve free, unless nobody under its share waits and another tenant holds more per weight
-  (``TenantLoad.over_share``; alone, it may take every slot). Its prefills do not stall the
-  others' decoding beyond their ITL budget when the engines prefill in chunks of a bounded
-  token budget per step (``--max-num-batched-tokens``), as the interactive pool's do.
+  at its concurrency cap (counting its requests on the other replicas) starts nothing more; one
+  at or over its weighted share of a pool's slots, while other tenants are active there, starts
+  only where an engine keeps the backfill reserve free, unless nobody under its share waits and
+  another tenant holds more per weight (``TenantLoad.over_share``; alone, it may take every slot).
+  Its prefills do not stall the others' decoding beyond their ITL budget when the engines
+  prefill in chunks of a bounded token budget per step (``--max-num-batched-tokens``), as the
+  interactive pool's do.
   Replicas that share their tenants (``core/tenant_share.py``) count every replica's requests in
   those shares; and when another replica has a tenant waiting that is further below its share than
   one here, this replica leaves it the free room for ``PEER_HOLD_S`` (the other's next poll), then
@@ -481,7 +482,7 @@ class Dispatcher:
         if not any(e.healthy for e in pool.engines) and not self._overflow_pools(req):
             return self._no_engine(req, pool, exclude)
         self.tenants.note(req.tenant, req.max_concurrency, req.weight)
-        room = self.tenants.has_room(req.tenant)
+        room = self._has_room(req.tenant)
         if room and pool.queue.position(req, math.inf, self._ahead_of(req, pool, now)) == 0:
             placed = self._place(req, pool, now, exclude)
             if placed is not None:
@@ -565,15 +566,19 @@ class Dispatcher:
         over = self._over_share(pool, now)
         spare = bool(self._backfill_room(pool, ()))
         room = bool(self._with_room(pool, ()))
-        return lambda tenant: self.tenants.has_room(tenant) and (spare if over(tenant) else room)
+        return lambda tenant: self._has_room(tenant) and (spare if over(tenant) else room)
 
     def _ahead_of(self, req: RouteRequest, pool: Pool, now: float) -> Callable[[str], bool]:
         """Whether a tenant's queued requests may start before ``req``: not at its cap, and not over
         its share when ``req``'s tenant is under its own (slots freed then go to those under)."""
         over = self._over_share(pool, now)
         if over(req.tenant):
-            return self.tenants.has_room
-        return lambda tenant: self.tenants.has_room(tenant) and not over(tenant)
+            return self._has_room
+        return lambda tenant: self._has_room(tenant) and not over(tenant)
+
+    def _has_room(self, tenant: str) -> bool:
+        """``tenant`` is below its concurrency cap, counting what the other replicas run of it."""
+        return self.tenants.has_room(tenant, self.fleet_tenants.running(tenant) if len(self.fleet_tenants) else 0)
 
     def _overflow_pools(self, req: RouteRequest) -> list[Pool]:
         if self.classes.is_batch(req.cls):

@@ -201,6 +201,10 @@ class FleetTenants:
         """The tenants the others have running or queued in ``pool``: requests running there, queued, weight."""
         return {tenant: (int(c[0]), int(c[1]), c[2]) for tenant, c in self._pools.get(pool, {}).items()}
 
+    def running(self, tenant: str) -> int:
+        """The others' requests of ``tenant`` in flight, in every pool."""
+        return sum(int(tenants[tenant][0]) for tenants in self._pools.values() if tenant in tenants)
+
     def _drop(self, peer: _Publisher) -> None:
         for key, share in peer.shares.items():
             self._add(key, share, -1)

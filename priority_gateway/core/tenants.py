@@ -5,8 +5,8 @@ Rules:
 - ``started`` and ``finished`` pair up, as dispatches and finishes do; a tenant with nothing in
   flight is forgotten, so the state is bounded by the tenants with work running.
 - The cap and weight are the ones the tenant's latest request carried (keys change; the newest
-  word wins). A tenant at its cap starts nothing more; its queued requests are passed over,
-  not refused.
+  word wins). A tenant at its cap (its requests in flight here and, as they report them, on the
+  other replicas) starts nothing more; its queued requests are passed over, not refused.
 - A tenant's weighted share of a pool's slots is its weight over the total weight of the
   tenants active there (in flight in that pool, or queued: the weight its queued requests carry).
   ``over_share`` says which tenants must leave the pool's reserve alone: a tenant at or over its
@@ -29,9 +29,10 @@ class TenantLoad:
         self._caps: dict[str, int] = {}
         self._weights: dict[str, float] = {}
 
-    def has_room(self, tenant: str) -> bool:
+    def has_room(self, tenant: str, elsewhere: int = 0) -> bool:
+        """Below its cap, with ``elsewhere`` more of its requests in flight (on the other replicas)."""
         cap = self._caps.get(tenant)
-        return cap is None or self.inflight.get(tenant, 0) < cap
+        return cap is None or self.inflight.get(tenant, 0) + elsewhere < cap
 
     def note(self, tenant: str, cap: int | None, weight: float = 1.0) -> None:
         if cap is None:

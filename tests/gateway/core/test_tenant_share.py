@@ -269,3 +269,20 @@ def test_room_left_to_another_replicas_tenant_goes_to_whoever_is_here_after_a_wh
     assert fleet.inflight() == {}
     fleet.handle(d.poll(PEER_HOLD_S))
     assert fleet.inflight() == {"here": 1}, "nobody took it: work-conserving again"
+
+
+def test_a_tenants_cap_counts_its_requests_on_every_replica():
+    fleet = Fleet(2, 2, 4)
+    for replica in (0, 1):
+        fleet.submit(replica, "capped", 1.0, replica)
+        fleet.exchange()
+    assert fleet.inflight() == {"capped": 2}
+    req = RouteRequest(
+        "capped-again", "interactive", "m", 0.0, prompt_tokens=100, max_tokens=100, tenant="capped", max_concurrency=2
+    )
+    fleet.owner[req.id] = 0
+    fleet.handle(fleet.replicas[0].submit(req, fleet.now))
+    assert fleet.inflight() == {"capped": 2}, "its cap of two is reached across the replicas: it waits"
+    fleet.finish(0)
+    fleet.settle()
+    assert fleet.inflight() == {"capped": 2}, "one of its two ended: the waiting one starts"
