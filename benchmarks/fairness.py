@@ -25,8 +25,9 @@ decoding past their ITL budget (``--also-max-num-batched-tokens 8192``: the same
 whole prompt in one step, for contrast).
 
 Several replicas (``--replicas 2,4``): the same scenarios with fair queueing through N gateway
-replicas, each tenant's requests spread over them as a Service spreads connections (``spread``)
-or the noisy tenant's all through one replica (``skewed``), the replicas telling each other
+replicas, each tenant's requests spread over them as a Service spreads connections (``spread``),
+the noisy tenant's all through one replica (``skewed``), or each tenant's through one replica, the
+noisy one alone on its own (``apart``), the replicas telling each other
 their tenants' requests (``core/tenant_share.py``) or not (``alone``, for contrast; they share
 routing and load either way, as on a Redis store), with every engine's limit pinned at what one
 replica learned, and as learned (see ``fleet``).
@@ -69,8 +70,19 @@ decoding requests stays within the 50 ms ITL budget on this profile (0.093 ms a 
 the step's fixed 4 ms), and a 1024-token prompt still prefills in three steps, well within TTFT."""
 PROBE_RPS = 30.0
 """The capacity probe's rate, far over what the pool serves within budget."""
-LAYOUTS: dict[str, dict[str, int]] = {"spread": {}, "skewed": {"noisy": 0}}
-"""How tenants reach the replicas: round robin, or the noisy tenant's requests all through replica 0."""
+LAYOUTS = ("spread", "skewed", "apart")
+"""How tenants reach the replicas (``layout``)."""
+
+
+def layout(name: str, replicas: int) -> dict[str, int]:
+    """Tenants whose requests all go through one replica: none (``spread``: round robin, as a Service
+    spreads connections), the noisy one's through replica 0 (``skewed``), or every tenant's through a
+    replica of its own, the noisy one alone on replica 0 (``apart``: one client, one connection each)."""
+    if name == "spread":
+        return {}
+    if name == "skewed":
+        return {"noisy": 0}
+    return {"noisy": 0, **{t: 1 + i % max(1, replicas - 1) for i, t in enumerate(WELL_BEHAVED)}}
 
 
 def progress(message: str) -> None:
@@ -217,16 +229,16 @@ def fleet(
     reference = {"learned": one["fair"]["tenants"]}
     out = []
     setups = [("pinned", 1, "spread", True)]
-    setups += [("pinned", n, layout, sharing) for n in counts for layout in LAYOUTS for sharing in (True, False)]
-    setups += [("learned", n, layout, True) for n in counts for layout in LAYOUTS]
-    for limits, n, layout, sharing in setups:
-        label = f"{n} replicas, {layout}, {'sharing' if sharing else 'alone'}, limits {limits}"
+    setups += [("pinned", n, clients, sharing) for n in counts for clients in LAYOUTS for sharing in (True, False)]
+    setups += [("learned", n, clients, True) for n in counts for clients in LAYOUTS[:2]]
+    for limits, n, clients, sharing in setups:
+        label = f"{n} replicas, {clients}, {'sharing' if sharing else 'alone'}, limits {limits}"
         limit = pinned_limit if limits == "pinned" else None
         by = {}
         for name, rates in scenarios(share).items():
             progress(f"{label} / {name} ...")
             records = simulate(
-                rates, seconds, True, chunk=chunk, replicas=n, share=sharing, pinned=LAYOUTS[layout], limit=limit
+                rates, seconds, True, chunk=chunk, replicas=n, share=sharing, pinned=layout(clients, n), limit=limit
             )
             by[name] = per_tenant(records, seconds)
         row = compare({"fair": by}, capacity_tokens)["fair"]
@@ -241,7 +253,7 @@ def fleet(
         out.append(
             {
                 "replicas": n,
-                "layout": layout,
+                "layout": clients,
                 "sharing": sharing,
                 "limits": limits,
                 "limit": limit,
