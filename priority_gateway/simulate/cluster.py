@@ -26,8 +26,14 @@ Rules:
 - With ``share`` on (the server's default on a Redis store), replicas tell each other what they
   routed and their pending prefill (``priority_gateway/core/sharing.py``) as the server does over Redis:
   what a replica has to tell is sent in one batch at the next multiple of ``share_interval_s`` and
-  reaches every other replica ``share_delay_s`` later; every ``share_full_s`` each replica sends
-  all its pending prefill. The bytes are counted as the server would send them (``encode``).
+  reaches every replica, itself included, ``share_delay_s`` later, in the order sent (as Redis
+  delivers a channel's messages), where slots it granted start queued requests at once; every
+  ``share_full_s`` each replica sends all its pending prefill. The bytes are counted as the server
+  would send them (``encode``). The replicas start having heard each other, as the server's have
+  by the time they serve: each holds its even share of every engine's slots.
+- ``overfilled`` (admission on): dispatches that left an engine with more gateway requests than the
+  highest limit any replica learned for it lets one replica start (none with one replica), and the
+  largest excess.
 - ``share_down`` ``(from, until)``: the channel breaks then, as when Redis dies: batches in transit
   and sent meanwhile are lost, every replica forgets the others (``lost_peers``) and admits its safe
   share; from ``until`` batches flow again and each returns to shared admission once settled
@@ -244,6 +250,7 @@ class Cluster:
         self._outgoing: list[Learned | None] = [None for _ in self.dispatchers]
         self._sequence = [0 for _ in self.dispatchers]
         self.share_stats = {"batches": 0, "facts": 0, "bytes": 0, "applied": 0}
+        self.overfilled = {"dispatches": 0, "max_excess": 0}
         self.records: dict[str, Record] = {}
         self._events: list[tuple[float, int, int, Any]] = []
         self._order = itertools.count()
@@ -278,6 +285,7 @@ class Cluster:
         self._at(0.0, _POLL, None)
         self._at(0.0, _SCRAPE, None)
         if self.sharing:
+            self._hear_each_other()
             self._at(self.setup.share_full_s, _SHARE_FULL, None)
             if self.setup.share_down is not None:
                 self._at(self.setup.share_down[0], _SHARE_DOWN, None)
@@ -288,6 +296,7 @@ class Cluster:
             "engines": self.engines,
             "duration_s": self.now,
             "share": self._share_summary(),
+            "overfilled": dict(self.overfilled),
             # Replica 0's policies: the report reads their load-bound record.
             "policies": {name: pool.policy for name, pool in self.dispatchers[0].pools.items()},
         }
@@ -462,6 +471,7 @@ class Cluster:
                 pass
 
     def _start(self, dispatch: Dispatch) -> None:
+        self._check_fill(dispatch.engine.id)
         rec = self.records[dispatch.request.id]
         rec.dispatch = dispatch
         tr = rec.trace
@@ -554,6 +564,24 @@ class Cluster:
             else:
                 waiting.merge(learned)
 
+    def _check_fill(self, engine_id: str) -> None:
+        if not self.setup.admission.enabled:
+            return
+        running = sum(state.inflight for d in self.dispatchers if (state := d.engine(engine_id)) is not None)
+        excess = running - math.ceil(max(d.limits[engine_id].limit for d in self.dispatchers))
+        if excess > 0:
+            self.overfilled["dispatches"] += 1
+            self.overfilled["max_excess"] = max(self.overfilled["max_excess"], excess)
+
+    def _hear_each_other(self) -> None:
+        """Two rounds of full batches at once: every replica knows the others, and holds its even share."""
+        for _ in range(2):
+            for replica, dispatcher in enumerate(self.dispatchers):
+                self._sequence[replica] += 1
+                publisher = replica.to_bytes(16, "big")
+                batch = Batch(publisher, self._sequence[replica], 0.0, 64, dispatcher.take_learned(True))
+                self._share_arrive((replica, batch))
+
     def _share_full(self) -> None:
         """Every replica's heartbeat: all its pending prefill; and receivers forget the silent."""
         self._collect_learned(full=True)
@@ -590,8 +618,11 @@ class Cluster:
         if not self.share_up:
             return  # lost in transit with the channel
         for replica, dispatcher in enumerate(self.dispatchers):
-            if replica != sender:
+            if replica == sender:
+                dispatcher.heard_own(batch, batch.learned.serial)
+            else:
                 self.share_stats["applied"] += dispatcher.learn(batch, self.now)[0]
+            self._handle(dispatcher.admit_granted(self.now))
 
     def _share_summary(self) -> dict[str, Any] | None:
         if not self.sharing:
