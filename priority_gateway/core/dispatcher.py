@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 
 from priority_gateway.core.classes import DEFAULT_CLASSES, ClassTable
 from priority_gateway.core.engines import EngineMetrics, EngineState
-from priority_gateway.core.holdings import SELF, Holdings, claims, fair_share
+from priority_gateway.core.holdings import SELF, Holdings, claims, yield_to
 from priority_gateway.core.kv_events import KVEvent
 from priority_gateway.core.limiter import ConcurrencyLimit, LimitSettings
 from priority_gateway.core.models import serves
@@ -345,24 +345,22 @@ class Dispatcher:
                 continue
             wanted = (0, 0)
             if not safe:
-                slots = self.holdings.slots(engine_id, self._fixed_limit(engine_id))
-                waiting = self.holdings.others_waiting(engine_id)
-                wanted = claims(engine.inflight, demand[engine.pool], slots, replicas, waiting)
+                slots, free, held, waiting = self.holdings.view(engine_id, self._fixed_limit(engine_id))
+                wanted = claims(engine.inflight, demand[engine.pool], held, slots, replicas, waiting, free < 0)
             if full or engine_id in changed or wanted != self._claims_sent.get(engine_id, (0, 0)):
                 out[engine_id] = self._claims_sent[engine_id] = wanted
         return out
 
     def _demand(self) -> dict[str, int]:
-        """Requests waiting at this replica that each pool's engines could start (their own, backfill, overflow)."""
-        batch = {name: p.queue.depth_of(self.classes.batch_like) for name, p in self.pools.items()}
+        """Requests waiting at this replica that each pool's engines are there for: its own queue, and
+        interactive work other pools overflow into it. Batch work that could backfill is left out: it
+        fills only slots a replica holds anyway, never claims any (the backfill reserve kept free for
+        interactive work would otherwise be held by whoever has batch work queued)."""
+        out = {name: len(pool.queue) for name, pool in self.pools.items()}
         interactive = {name: p.queue.depth_of(self.classes.interactive_like) for name, p in self.pools.items()}
-        out = {}
         for name, pool in self.pools.items():
-            n = len(pool.queue)
-            for other in self.pools:
-                if other != name:
-                    n += (batch[other] if pool.backfill else 0) + (interactive[other] if pool.accept_overflow else 0)
-            out[name] = n
+            if pool.accept_overflow:
+                out[name] += sum(n for other, n in interactive.items() if other != name)
         return out
 
     def _fixed_limit(self, engine_id: str) -> float:
@@ -391,16 +389,22 @@ class Dispatcher:
     def heard_own(self, batch: Batch, serial: int) -> None:
         """This replica's own batch came back through the channel (``serial``: its ``Learned.serial``):
         its claims take their place in the order every replica applies them."""
-        while self._in_transit and self._in_transit[0][0] <= serial:
-            self._in_transit.popleft()
+        ending = [sent for sent_serial, sent in self._in_transit if sent_serial <= serial]
+        if ending:
+            caps = {e: self._cap(e) for e in set().union(*ending)}
+            for _ in ending:
+                self._in_transit.popleft()
+            self._granted = self._granted or any(self._cap(e) > cap for e, cap in caps.items())
         known = {e: load for e, load in batch.learned.load.items() if e in self._engines}
         self._apply_holdings(SELF, known, batch.learned.full)
 
     def _apply_holdings(self, publisher: bytes, load: dict[str, EngineLoad], full: bool) -> None:
-        if self.admission.enabled:
-            changed = self.holdings.apply(publisher, load, full, self._fixed_limit)
-            self._claims_stale |= changed
-            self._granted = self._granted or bool(changed)
+        if not self.admission.enabled:
+            return
+        self._claims_stale |= self.holdings.apply(publisher, load, full, self._fixed_limit)
+        # Queued requests may start only where this replica's holding grew.
+        self._granted = self._granted or self.holdings.grew
+        self.holdings.grew = False
 
     def admit_granted(self, now: float) -> Decisions:
         """Start what the slots granted since the last call let start."""
@@ -514,13 +518,15 @@ class Dispatcher:
 
     def _held_room(self, engine: EngineState) -> float:
         """What this replica may still start on ``engine`` within its cap (any number alone, or in the safe
-        share); while other replicas wait for slots there, no more than its fair share: slots it frees
-        beyond that go to them with its next claim, not to its own queue."""
+        share); while another replica waits there below its fair share, no more than its own: slots it
+        frees beyond that go to that replica with its next claim, not to its own queue."""
         if not self._within_holdings():
             return math.inf
         cap = self._cap(engine.id)
-        if waiting := self.holdings.others_waiting(engine.id):
-            cap = min(cap, fair_share(self.holdings.slots(engine.id, self._fixed_limit(engine.id)), waiting))
+        if waiters := self.holdings.waiters(engine.id):
+            share = yield_to(self.holdings.slots(engine.id, self._fixed_limit(engine.id)), waiters)
+            if share is not None:
+                cap = min(cap, share)
         return cap - engine.inflight
 
     def _room(self, engine: EngineState) -> float:

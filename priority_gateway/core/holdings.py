@@ -39,7 +39,7 @@ Rules:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from priority_gateway.core.sharing import EngineLoad
@@ -66,6 +66,8 @@ class Holdings:
         self._engines: dict[str, dict[bytes, _Holder]] = {}
         self._waiting: dict[str, list[bytes]] = {}  # per engine, in the order the claims came
         self._freed: set[str] = set()  # engines whose slots a forgotten replica left
+        self.grew = False
+        """This replica's own holding grew somewhere since the flag was last cleared."""
 
     def apply(
         self, publisher: bytes, load: Mapping[str, EngineLoad], full: bool, fixed: Callable[[str], float]
@@ -84,6 +86,7 @@ class Holdings:
                 if not entry:
                     continue
                 holder = holders[publisher] = _Holder()
+            before = holder.held
             holder.inflight, holder.limit = entry.inflight, entry.limit
             holder.claim, holder.spare = entry.claim, entry.spare
             holder.held = min(max(holder.held, entry.held), max(entry.claim, entry.spare))
@@ -93,36 +96,39 @@ class Holdings:
                     waiting.append(publisher)
             elif publisher in waiting:
                 waiting.remove(publisher)
-            self._grant(engine, fixed(engine))
-            if not waiting and holder.held < holder.spare:
-                holder.held = min(holder.spare, holder.held + self.free(engine, fixed(engine)))
+            free = self._grant(engine, self.free(engine, fixed(engine)))
+            if not waiting and holder.held < holder.spare and free > 0:
+                holder.held = min(holder.spare, holder.held + free)
+            if publisher == SELF and holder.held > before:
+                self.grew = True
             if not entry and not holder.held:
                 del holders[publisher]
             changed.add(engine)
         for engine in self._freed - changed:
-            if self._grant(engine, fixed(engine)):
+            free = self.free(engine, fixed(engine))
+            if self._grant(engine, free) < free:
                 changed.add(engine)
         self._freed.clear()
         return changed
 
-    def _grant(self, engine: str, fixed: float) -> bool:
+    def _grant(self, engine: str, free: int) -> int:
+        """The ``free`` slots to the waiting claims in turn; what is left free."""
         waiting = self._waiting.get(engine)
-        if not waiting:
-            return False
+        if not waiting or free <= 0:
+            return free
         holders = self._engines[engine]
-        free = self.free(engine, fixed)
-        granted = False
         for publisher in list(waiting):
-            if free <= 0:
-                break
             holder = holders[publisher]
             before = holder.occupied
             holder.held = max(holder.held, min(holder.claim, before + free))
             free -= holder.occupied - before
-            granted = granted or holder.occupied > before
+            if publisher == SELF and holder.occupied > before:
+                self.grew = True
             if holder.held >= holder.claim:
                 waiting.remove(publisher)
-        return granted
+            if free <= 0:
+                break
+        return free
 
     def keep(self, known: Callable[[bytes], bool]) -> set[str]:
         """Forget every holder but this replica and those ``known`` says are still heard."""
@@ -143,38 +149,62 @@ class Holdings:
         self._freed.clear()
 
     def slots(self, engine: str, fixed: float) -> int:
-        holders = self._engines.get(engine, {})
-        limits = [h.limit for h in holders.values() if h.limit > 0]
-        return math.ceil(sum(limits) / len(limits) if limits else fixed)
+        return self._count(engine, fixed)[0]
 
     def free(self, engine: str, fixed: float) -> int:
-        """Slots nobody occupies."""
-        holders = self._engines.get(engine, {})
-        return max(0, self.slots(engine, fixed) - sum(h.occupied for h in holders.values()))
+        """Slots nobody occupies (negative: the holders occupy more than there are, after the limit fell)."""
+        slots, occupied = self._count(engine, fixed)
+        return slots - occupied
+
+    def view(self, engine: str, fixed: float) -> tuple[int, int, int, tuple[int, ...]]:
+        """(slots, free, this replica's holding, the holdings of the other replicas waiting) at once."""
+        slots, occupied = self._count(engine, fixed)
+        return slots, slots - occupied, self.held(engine), self.waiters(engine)
+
+    def _count(self, engine: str, fixed: float) -> tuple[int, int]:
+        """(slots, occupied) in one pass over the holders."""
+        total, n, occupied = 0.0, 0, 0
+        for holder in self._engines.get(engine, {}).values():
+            if holder.limit > 0:
+                total += holder.limit
+                n += 1
+            occupied += holder.held if holder.held > holder.inflight else holder.inflight
+        return math.ceil(total / n if n else fixed), occupied
 
     def held(self, engine: str, publisher: bytes = SELF) -> int:
         holder = self._engines.get(engine, {}).get(publisher)
         return 0 if holder is None else holder.held
 
-    def others_waiting(self, engine: str) -> int:
-        """Other replicas whose claims on ``engine`` wait for slots."""
-        return sum(1 for p in self._waiting.get(engine, ()) if p != SELF)
+    def waiters(self, engine: str) -> tuple[int, ...]:
+        """The holdings of the other replicas whose claims on ``engine`` wait for slots."""
+        holders = self._engines.get(engine, {})
+        return tuple(holders[p].held for p in self._waiting.get(engine, ()) if p != SELF)
 
 
 _NONE = EngineLoad()
 
 
-def claims(inflight: int, demand: int, slots: int, replicas: int, others_waiting: int) -> tuple[int, int]:
-    """(claim, spare) of a replica on an engine. It claims what it runs there and what waits for it
-    (``demand``); while others wait, at most a fair share among them and this one, never less than it
-    runs. Its spare, while nobody else waits, is an even share of the slots."""
+def claims(
+    inflight: int, demand: int, held: int, slots: int, replicas: int, waiters: Sequence[int], over: bool
+) -> tuple[int, int]:
+    """(claim, spare) of a replica on an engine, given the holdings of the other replicas that wait
+    for slots there (``waiters``). It claims what it runs there and what waits for it (``demand``).
+    - Nobody else waits: it keeps what it ``held`` (a busy replica whose queue runs dry for a moment
+      must not wait a round to get its slots back), unless the holders occupy ``over`` the slots
+      (the limit fell); its spare is an even share of the slots.
+    - Others wait: it gives up what it holds and does not use, and keeps no spare; if one of them
+      holds less than its fair share, it claims no more than its own (``yield_to``)."""
     need = max(inflight, min(slots, inflight + demand))
-    if others_waiting:
-        return min(need, max(inflight, fair_share(slots, others_waiting))), 0
-    return need, slots // max(1, replicas)
+    if not waiters:
+        return max(need, 0 if over else min(held, slots)), slots // max(1, replicas)
+    share = yield_to(slots, waiters)
+    return (need if share is None else min(need, max(inflight, share))), 0
 
 
-def fair_share(slots: int, others_waiting: int) -> int:
-    """A replica's share of the slots while ``others_waiting`` replicas wait for some, rounded up so
-    none stays idle (first come first served settles the rest)."""
-    return -(-slots // (others_waiting + 1))
+def yield_to(slots: int, waiters: Sequence[int]) -> int | None:
+    """The fair share (the slots split evenly among the waiting replicas and this one, rounded down)
+    that this replica must not fill beyond while a waiting replica holds less than it; else None.
+    Those at their share wait for what others free, first come first served, and wait no harder:
+    none of them makes the others yield, so nothing flips back and forth."""
+    share = slots // (len(waiters) + 1)
+    return share if any(held < share for held in waiters) else None

@@ -258,7 +258,8 @@ class Peers:
         for engine, new in load.items():
             old = peer.load.get(engine, _NONE)
             if new != old:
-                changed.add(engine)
+                if (new.inflight, new.prefill, new.limit) != (old.inflight, old.prefill, old.limit):
+                    changed.add(engine)  # what the totals and limits tell; claims are the holdings' (``holdings.py``)
                 self._add(engine, old, -1)
                 self._add(engine, new, 1)
                 if new:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from priority_gateway.core.dispatcher import Dispatch, Dispatcher
 from priority_gateway.core.engines import EngineState
-from priority_gateway.core.sharing import Batch, decode, encode
+from priority_gateway.core.sharing import Batch, Learned, decode, encode
 
 
 def engine_of(replica: Dispatcher, engine: str) -> EngineState:
@@ -25,6 +25,13 @@ class Fleet:
         self.sent: list[tuple[int, int, bytes]] = []  # (publisher, serial, bytes on the wire)
         self.read = [0] * len(replicas)
         self.sequence = [0] * len(replicas)
+
+    def introduce(self) -> None:
+        """Every replica hears of every other (an empty full batch) before any claims a slot."""
+        for i, replica in enumerate(self.replicas):
+            for j in range(len(self.replicas)):
+                if j != i:
+                    replica.learn(Batch(self.ids[j], 0, 0.0, 64, Learned([], {}, True)), 0.0)
 
     def publish(self, i: int, full: bool = False) -> None:
         learned = self.replicas[i].take_learned(full)

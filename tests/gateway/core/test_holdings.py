@@ -28,11 +28,11 @@ def test_claims_are_granted_in_the_order_they_come_and_releases_free_at_once():
     h.apply(A, {E: EngineLoad(limit=4.0, claim=3)}, False, fixed)
     h.apply(B, {E: EngineLoad(limit=4.0, claim=3)}, False, fixed)
     assert (h.held(E, A), h.held(E, B)) == (3, 1)  # b waits for two more
-    assert h.others_waiting(E) == 1
+    assert h.waiters(E) == (1,)
     h.apply(A, {E: EngineLoad(inflight=2, limit=4.0, claim=2)}, False, fixed)
     assert (h.held(E, A), h.held(E, B)) == (2, 2)  # a's release went to b at once
     h.apply(A, {E: EngineLoad(inflight=1, limit=4.0, claim=1)}, False, fixed)
-    assert h.held(E, B) == 3 and h.others_waiting(E) == 0
+    assert h.held(E, B) == 3 and h.waiters(E) == ()
 
 
 def test_what_a_holder_runs_stays_taken_even_beyond_its_holding():
@@ -74,19 +74,25 @@ def test_spare_slots_are_kept_only_from_free_ones_and_never_waited_for():
     h = Holdings()
     h.apply(A, {E: EngineLoad(limit=4.0, claim=3)}, False, fixed)
     h.apply(B, {E: EngineLoad(limit=4.0, spare=2)}, False, fixed)
-    assert h.held(E, B) == 1 and h.others_waiting(E) == 0  # the one free slot; b waits for nothing
+    assert h.held(E, B) == 1 and h.waiters(E) == ()  # the one free slot; b waits for nothing
     h.apply(A, {E: EngineLoad(limit=4.0, claim=4)}, False, fixed)
     assert h.held(E, A) == 3  # a waits for b's spare slot ...
     h.apply(B, {E: EngineLoad(limit=4.0)}, False, fixed)  # ... which b gives up once it sees a wait
     assert h.held(E, A) == 4
 
 
-def test_a_replica_claims_what_it_runs_and_waits_for_and_keeps_an_even_share_spare_while_nobody_waits():
-    assert claims(inflight=0, demand=0, slots=4, replicas=2, others_waiting=0) == (0, 2)
-    assert claims(inflight=1, demand=9, slots=4, replicas=2, others_waiting=0) == (4, 2)
-    assert claims(inflight=1, demand=9, slots=5, replicas=3, others_waiting=1) == (3, 0)  # ceil(5 / 2)
-    assert claims(inflight=4, demand=9, slots=5, replicas=3, others_waiting=1) == (4, 0)  # never below its runs
-    assert claims(inflight=0, demand=0, slots=5, replicas=3, others_waiting=2) == (0, 0)  # idle: gives all up
+def test_a_replica_claims_what_it_runs_and_waits_for_keeps_it_while_nobody_waits_and_yields_to_who_has_less():
+    def wants(inflight: int, demand: int, held: int = 0, waiters: tuple = (), over: bool = False) -> tuple:
+        return claims(inflight, demand, held, slots=6, replicas=3, waiters=waiters, over=over)
+
+    assert wants(0, 0) == (0, 2)  # an even share spare
+    assert wants(1, 9) == (6, 2)
+    assert wants(1, 0, held=4) == (4, 2)  # its queue ran dry for a moment: it keeps what it held
+    assert wants(1, 0, held=4, over=True) == (1, 2)  # unless the limit fell below what is held
+    assert wants(1, 1, held=4, waiters=(3,)) == (2, 0)  # another waits: what it does not use goes
+    assert wants(3, 9, held=3, waiters=(3,)) == (6, 0)  # both at their share of 3: both wait, nobody yields
+    assert wants(1, 9, held=4, waiters=(1,)) == (3, 0)  # the other holds less than its share: at most 3
+    assert wants(4, 9, held=4, waiters=(1,)) == (4, 0)  # never below what it runs
 
 
 # -- replicas on one channel ---------------------------------------------------------------------
@@ -119,11 +125,12 @@ def submit(d: Dispatcher, n: int) -> list[Dispatch]:
 
 
 def warm(fleet: Fleet) -> None:
-    """Replicas that have heard each other a while: each holds its even share (one that heard nobody
-    yet claimed the whole limit, and gives it up once it hears the others wait)."""
+    """Replicas that knew of each other before they claimed slots: each holds its even share (one
+    that heard nobody holds the whole limit, and keeps it until another waits for slots)."""
+    fleet.introduce()
     for _ in range(3):
         fleet.round()
-    assert all(not d.holdings.others_waiting(e) for d in fleet.replicas for e in d.limits)
+    assert all(not d.holdings.waiters(e) for d in fleet.replicas for e in d.limits)
 
 
 def running(fleet: Fleet, engine: str = E) -> int:
