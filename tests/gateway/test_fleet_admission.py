@@ -115,6 +115,8 @@ def test_replicas_fill_one_replicas_limit_together_and_a_safe_share_without_redi
         # Twelve clients want more than the engine's limit: it is full, and never fuller than one
         # replica fills it (without sharing each replica fills the whole limit: twice as full).
         assert shared.peak == LIMIT, (shared.peak, shared.over, shared.samples)
+        held = [metric(replica.url, "gateway_engine_held_slots") for replica in replicas]
+        assert sum(held) <= LIMIT and all(held), held  # what each may fill: its own slots of the engine
 
         redis_server.kill()
         for replica in replicas:
