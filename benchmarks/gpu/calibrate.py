@@ -70,10 +70,12 @@ MIXED_QUICK |= {"loop_concurrency": [2], "loop_rounds": 2}
 METRIC_FAMILIES = (
     "vllm:iteration_tokens_total",
     "vllm:inter_token_latency_seconds",
-    "vllm:time_per_output_token_seconds",
+    "vllm:request_time_per_output_token_seconds",
     "vllm:time_to_first_token_seconds",
+    "vllm:request_queue_time_seconds",
     "vllm:request_prefill_time_seconds",
     "vllm:request_decode_time_seconds",
+    "vllm:request_prefill_kv_computed_tokens",
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
 )
