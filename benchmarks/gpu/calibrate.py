@@ -199,7 +199,12 @@ async def mixed_level(client: httpx.AsyncClient, prompts: vc.Prompts, sizes: dic
                 if tokens and previous >= began and now <= ended
             ]
             multi = sum(1 for s in samples for t, n in s.chunks if began <= t <= ended and n > 1)
-            level["plain"] = {"window_s": round(ended - began, 3), "multi_token_chunks": multi, **gap_stats(gaps)}
+            level["plain"] = {
+                "began_s": round(began - origin, 5),
+                "window_s": round(ended - began, 3),
+                "multi_token_chunks": multi,
+                **gap_stats(gaps),
+            }
         trials = []
         for prefill in sizes["prefill_tokens"]:
             for _ in range(sizes["reps"]):
