@@ -545,7 +545,14 @@ def plot_sim(data: dict, path: Path) -> None:
         ax.axvline(1.0, color="k", lw=0.8)
         ax.set_title(f"{key}: simulated / real (band ±{bound:.0%})", fontsize=10)
         ax.set_yticks(range(len(rows)), [name for name, _ in rows], fontsize=7)
-    axes[0].legend(fontsize=8, title="profile (hatched first)")
+    from matplotlib.patches import Patch
+
+    handles = [
+        Patch(facecolor="white", edgecolor="k", hatch=h, label=label)
+        for label, h in zip(labels, ("//", ""), strict=False)
+    ]
+    handles += [Patch(color="tab:green", label="within the band"), Patch(color="tab:red", label="outside")]
+    axes[0].legend(handles=handles, fontsize=8, loc="lower right")
     fig.suptitle(f"Simulator against the device: {', '.join(data['profiles'].values())}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -586,7 +593,7 @@ def mixed_steps(res: Path, out: Path) -> None:
     fitted = fit_mixed.fit(mixed, single)
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    shutil.copy(folder / "mixed.json", raw / "mixed.json")
+    (raw / "mixed.json").write_text(json.dumps(mixed, separators=(",", ":")) + "\n")
     if single is not None:
         shutil.copy(folder / "calibration.json", raw / "calibration-alone.json")
     record = {"engine": (res / "engines" / "engine1.cmd").read_text().strip(), "fit": fitted}

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+SLOW = 1.3  # a window whose plain steps before the join are this much over the level's floor: a slow phase
 STEPS_BEFORE = 6  # calibrate.py: the gaps kept before the step that ends with the prefill's first token
 BUDGET = 8192  # --max-num-batched-tokens
 MODEL = (
@@ -39,8 +40,11 @@ TERMS = (
     "host_ms_per_prefill_token",
     "prefill_ms_per_token",
     "prefill_attention_ms_per_mpair",
+    "prefill_ms_per_ktoken2",
     "mixed_ms",
     "mixed_ms_per_decode_seq",
+    "request_overhead_ms",
+    "request_ms_per_prompt_token",
 )
 
 
@@ -48,16 +52,30 @@ def _median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
+def plain_floor(level: dict) -> float:
+    """A level's plain decode step outside its slow phases: the first quartile of its steps."""
+    return float(np.percentile(plain_gaps(level), 25))
+
+
 def step_points(mixed: dict, budget: int = BUDGET) -> list[dict[str, Any]]:
-    """Step durations in the simulator's terms: P prefill tokens, D decodes, pairs, measured ms."""
+    """Observations in the simulator's terms: each a run of steps (P prefill tokens, D decodes, pairs)
+    and the milliseconds they took.
+
+    Plain: one decode step at each D, the level's ``plain_floor``. Joined: from the step that held the
+    prefill's first chunk to the plain step after its first token, summed (a late delivery of the first
+    token's step shortens the next gap, so the sum holds). The engine has slow phases of seconds (steps
+    1.5-2.4x longer at any D, while steps bound by the device are not): a window whose plain steps
+    before the join (their median) are over ``SLOW`` times the floor is left out; the others are taken
+    back to the floor by that difference, once per step."""
     points: list[dict[str, Any]] = []
     for level in mixed["levels"]:
         d = level["decode_seqs"]
-        if not d:
+        if not d or len(plain_gaps(level)) < 20:
             continue
-        if level.get("plain", {}).get("n"):
-            points.append({"kind": "plain", "P": 0, "D": d, "pairs": 0.0, "ms": level["plain"]["p50_ms"]})
-        cells: dict[tuple[int, int], list[float]] = defaultdict(list)
+        floor = plain_floor(level)
+        plain = {"P": 0, "D": d, "pairs": 0.0}
+        points.append({"kind": "plain", "D": d, "prefill_tokens": 0, "steps": [plain], "ms": round(floor, 3)})
+        windows: dict[int, list[float]] = defaultdict(list)
         for trial in level["trials"]:
             steps, ends = trial.get("steps_ms"), trial.get("steps_end_ms")
             if not steps or trial.get("decoders_seen", 0) < d:
@@ -66,29 +84,32 @@ def step_points(mixed: dict, budget: int = BUDGET) -> list[dict[str, Any]]:
             if abs(ends[STEPS_BEFORE]) > 0.5 * steps[STEPS_BEFORE]:
                 continue
             p = trial["prefill_tokens"]
+            chunks = 1 if p <= budget - d else 2
+            window = steps[STEPS_BEFORE + 1 - chunks : STEPS_BEFORE + 2]
+            local = _median(steps[: STEPS_BEFORE + 1 - chunks])
+            if local > SLOW * floor:  # in a slow phase, whose host-bound steps are slower and device-bound not
+                continue
+            windows[p].append(sum(window) - len(window) * (local - floor))
+        for p, values in sorted(windows.items()):
             first = min(p, budget - d)
-            cells[(p, 0)].append(steps[STEPS_BEFORE - (1 if p > first else 0)])
+            run = [{"P": first, "D": d, "pairs": first * first / 2}]
             if p > first:
-                cells[(p, 1)].append(steps[STEPS_BEFORE])
-        for (p, chunk), values in sorted(cells.items()):
-            first = min(p, budget - d)
-            n, done = (first, 0) if chunk == 0 else (p - first, first)
+                run.append({"P": p - first, "D": d, "pairs": (p - first) * (first + (p - first) / 2)})
             points.append(
                 {
-                    "kind": "mixed" if chunk == 0 else "mixed, second chunk",
-                    "P": n,
+                    "kind": "joined",
                     "D": d,
-                    "pairs": n * (done + n / 2),
-                    "ms": round(_median(values), 3),
                     "prefill_tokens": p,
+                    "steps": [*run, plain],
+                    "ms": round(_median(values), 3),
                     "reps": len(values),
                 }
             )
     return points
 
 
-def _row(point: dict, device_bound: bool) -> list[float]:
-    p, d = point["P"], point["D"]
+def _row(step: dict, device_bound: bool) -> list[float]:
+    p, d = step["P"], step["D"]
     mixed = 1.0 if p and d else 0.0
     host = not device_bound
     values = {
@@ -97,24 +118,44 @@ def _row(point: dict, device_bound: bool) -> list[float]:
         "per_seq_ms": float(host) * (d + (1 if p else 0)),
         "host_ms_per_prefill_token": float(host) * p,
         "prefill_ms_per_token": float(device_bound) * p,
-        "prefill_attention_ms_per_mpair": float(device_bound) * point["pairs"] / 1e6,
+        "prefill_attention_ms_per_mpair": float(device_bound) * step["pairs"] / 1e6,
+        "prefill_ms_per_ktoken2": float(device_bound) * (p / 1000) ** 2,
         "mixed_ms": mixed,
         "mixed_ms_per_decode_seq": mixed * d,
+        "request_overhead_ms": 0.0,
+        "request_ms_per_prompt_token": 0.0,
     }
     return [values[t] for t in TERMS]
 
 
-def _host_device(coef: dict[str, float], point: dict, weights_ms: float) -> tuple[float, float]:
-    p, d = point["P"], point["D"]
+def _point_row(point: dict, device_bound: dict[int, bool]) -> np.ndarray:
+    row = np.sum([_row(step, device_bound[id(step)]) for step in point["steps"]], axis=0)
+    if point.get("request_tokens"):  # a TTFT: the API server's share first
+        row[TERMS.index("request_overhead_ms")] = 1.0
+        row[TERMS.index("request_ms_per_prompt_token")] = point["request_tokens"]
+    return row
+
+
+def predict_point(coef: dict[str, float], point: dict, weights_ms: float) -> float:
+    ms = sum(predict_ms(coef, step, weights_ms) for step in point["steps"])
+    if point.get("request_tokens"):
+        ms += coef["request_overhead_ms"] + coef["request_ms_per_prompt_token"] * point["request_tokens"]
+    return ms
+
+
+def _host_device(coef: dict[str, float], step: dict, weights_ms: float) -> tuple[float, float]:
+    p, d = step["P"], step["D"]
     host = coef["overhead_ms"] + coef["per_seq_ms"] * (d + (1 if p else 0)) + coef["host_ms_per_prefill_token"] * p
-    device = coef["prefill_ms_per_token"] * p + coef["prefill_attention_ms_per_mpair"] * point["pairs"] / 1e6
+    device = coef["prefill_ms_per_token"] * p + coef["prefill_attention_ms_per_mpair"] * step["pairs"] / 1e6
+    device += coef["prefill_ms_per_ktoken2"] * (p / 1000) ** 2
     return host, max(weights_ms, device)
 
 
-def predict_ms(coef: dict[str, float], point: dict, weights_ms: float) -> float:
-    p, d = point["P"], point["D"]
+def predict_ms(coef: dict[str, float], step: dict, weights_ms: float) -> float:
+    """One step's time."""
+    p, d = step["P"], step["D"]
     extra = coef["mixed_ms"] + coef["mixed_ms_per_decode_seq"] * d if p and d else 0.0
-    return coef["serial_ms"] + extra + max(_host_device(coef, point, weights_ms))
+    return coef["serial_ms"] + extra + max(_host_device(coef, step, weights_ms))
 
 
 def relative_lstsq(x: np.ndarray, y: np.ndarray, terms: tuple[str, ...], active: list[int]) -> dict[str, float]:
@@ -131,12 +172,13 @@ def relative_lstsq(x: np.ndarray, y: np.ndarray, terms: tuple[str, ...], active:
 def fit_steps(points: list[dict], weights_ms: float, terms: tuple[str, ...] = TERMS) -> dict[str, float]:
     """Piecewise-linear least squares on relative error; negative terms dropped, the bound regime iterated."""
     y = np.array([pt["ms"] for pt in points])
-    device_bound = [pt["P"] >= 2048 for pt in points]
+    steps = [step for pt in points for step in pt["steps"]]
+    device_bound = {id(step): step["P"] >= 2048 for step in steps}
     coef = dict.fromkeys(TERMS, 0.0)
     for _ in range(30):
-        x = np.array([_row(pt, dev) for pt, dev in zip(points, device_bound, strict=True)])
+        x = np.array([_point_row(pt, device_bound) for pt in points])
         coef = relative_lstsq(x, y, TERMS, [TERMS.index(t) for t in terms])
-        guess = [_host_device(coef, pt, weights_ms)[1] > _host_device(coef, pt, weights_ms)[0] for pt in points]
+        guess = {id(st): _host_device(coef, st, weights_ms)[1] > _host_device(coef, st, weights_ms)[0] for st in steps}
         if guess == device_bound:
             break
         device_bound = guess
@@ -156,23 +198,19 @@ def lone_ttfts(mixed: dict, calibration: dict | None) -> list[tuple[int, float]]
     return sorted((n, _median(v)) for n, v in by_length.items())
 
 
-def fit_request(coef: dict[str, float], ttfts: list[tuple[int, float]], weights_ms: float) -> dict[str, float]:
-    """The API server's share: TTFT less the fitted step(s) of the lone prompt, linear in its length."""
-    rows, residuals = [], []
+def ttft_points(ttfts: list[tuple[int, float]], budget: int = BUDGET) -> list[dict[str, Any]]:
+    """A lone request's TTFT: the API server's share, then its prompt's chunks, one step each."""
+    points = []
     for n, ttft in ttfts:
-        steps, done = 0.0, 0
-        while done < n:  # a lone prompt over the budget is prefilled in chunks
-            chunk = min(BUDGET, n - done)
-            steps += predict_ms(coef, {"P": chunk, "D": 0, "pairs": chunk * (done + chunk / 2)}, weights_ms)
+        steps, done = [], 0
+        while done < n:
+            chunk = min(budget, n - done)
+            steps.append({"P": chunk, "D": 0, "pairs": chunk * (done + chunk / 2)})
             done += chunk
-        rows.append([1.0, float(n)])
-        residuals.append(ttft - steps)
-    x, y = np.array(rows), np.array(residuals)
-    weights = 1.0 / np.array([t for _, t in ttfts])
-    solution, *_ = np.linalg.lstsq(x * weights[:, None], y * weights, rcond=None)
-    if solution[1] < 0:
-        solution = [float(np.average(y, weights=weights**2)), 0.0]
-    return {"request_overhead_ms": max(0.0, float(solution[0])), "request_ms_per_prompt_token": float(solution[1])}
+        points.append(
+            {"kind": "lone ttft", "D": 0, "prefill_tokens": n, "request_tokens": n, "steps": steps, "ms": ttft}
+        )
+    return points
 
 
 def plain_gaps(level: dict) -> list[float]:
@@ -188,40 +226,74 @@ def plain_gaps(level: dict) -> list[float]:
     return gaps
 
 
-def fit_tail(mixed: dict) -> dict[str, Any]:
+def tail_extra(mixed: dict) -> list[float]:
+    """Plain decode steps beyond their level's floor (ms), every D pooled."""
     extra: list[float] = []
+    for level in mixed["levels"]:
+        gaps = plain_gaps(level)
+        if len(gaps) >= 20:
+            floor = float(np.percentile(gaps, 25))
+            extra += [g - floor for g in gaps]
+    return extra
+
+
+def fit_tail(mixed: dict) -> dict[str, Any]:
     by_level = {}
     for level in mixed["levels"]:
         gaps = plain_gaps(level)
-        if len(gaps) < 20:
-            continue
-        median = _median(gaps)
-        extra += [g - median for g in gaps]
-        by_level[str(level["decode_seqs"])] = {
-            "gaps": len(gaps),
-            "p50_ms": round(median, 2),
-            "mean_ms": round(statistics.fmean(gaps), 2),
-            "p90_ms": round(float(np.percentile(gaps, 90)), 2),
-            "p99_ms": round(float(np.percentile(gaps, 99)), 2),
-        }
+        if len(gaps) >= 20:
+            by_level[str(level["decode_seqs"])] = {
+                "gaps": len(gaps),
+                **{f"p{q}_ms": round(float(np.percentile(gaps, q)), 2) for q in (25, 50, 90, 99)},
+                "mean_ms": round(statistics.fmean(gaps), 2),
+            }
+    extra = tail_extra(mixed)
     if not extra:
         return {"quantiles_ms": [], "by_decode_seqs": by_level}
     quantiles = np.maximum.accumulate(np.maximum(0.0, np.percentile(extra, np.arange(101))))
     return {
         "quantiles_ms": [round(float(q), 2) for q in quantiles],
         "samples": len(extra),
+        "mean_ms": round(statistics.fmean(max(0.0, e) for e in extra), 2),
         "by_decode_seqs": by_level,
     }
 
 
+def _family(delta: dict[str, float], name: str) -> float:
+    return sum(v for k, v in delta.items() if k.startswith(name))
+
+
+def server_view(mixed: dict) -> dict[str, Any]:
+    """vLLM's own account of each plain decode window (``/metrics`` after less before): steps it ran,
+    its mean ITL and the share of ITLs over 25 ms, beside the client's mean gap."""
+    out = {}
+    for level in mixed["levels"]:
+        before, after = level["metrics"].get("plain_before"), level["metrics"].get("plain_after")
+        if not level.get("plain") or not before or not after:
+            continue
+        delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+        itl = "vllm:inter_token_latency_seconds"
+        count = _family(delta, f"{itl}_count")
+        steps = _family(delta, "vllm:iteration_tokens_total_count")
+        under = _family(delta, f'{itl}_bucket{{engine="0",le="0.025"')
+        out[str(level["decode_seqs"])] = {
+            "client_mean_gap_ms": level["plain"]["mean_ms"],
+            "server_mean_itl_ms": round(1000 * _family(delta, f"{itl}_sum") / count, 2) if count else None,
+            "server_steps": int(steps),
+            "window_over_steps_ms": round(1000 * level["plain"]["window_s"] / steps, 2) if steps else None,
+            "server_itl_over_25ms": round(1 - under / count, 3) if count else None,
+        }
+    return out
+
+
 def fit(mixed: dict, calibration: dict | None = None, weights_ms: float = 3.2) -> dict[str, Any]:
-    points = step_points(mixed)
+    ttfts = lone_ttfts(mixed, calibration)
+    points = step_points(mixed) + ttft_points(ttfts)
     coef = fit_steps(points, weights_ms)
     for point in points:
-        point["fitted_ms"] = round(predict_ms(coef, point, weights_ms), 3)
+        point["fitted_ms"] = round(predict_point(coef, point, weights_ms), 3)
     errors = [abs(pt["fitted_ms"] - pt["ms"]) / pt["ms"] for pt in points]
-    ttfts = lone_ttfts(mixed, calibration)
-    request = fit_request(coef, ttfts, weights_ms)
+    request = {key: coef[key] for key in ("request_overhead_ms", "request_ms_per_prompt_token")}
     tail = fit_tail(mixed)
     timing = {
         "overhead_ms": round(coef["overhead_ms"], 3),
@@ -229,6 +301,7 @@ def fit(mixed: dict, calibration: dict | None = None, weights_ms: float = 3.2) -
         "prefill_ms_per_token": round(coef["prefill_ms_per_token"], 6),
         "weights_ms": weights_ms,
         "prefill_attention_ms_per_mpair": round(coef["prefill_attention_ms_per_mpair"], 4),
+        "prefill_ms_per_ktoken2": round(coef["prefill_ms_per_ktoken2"], 4),
         "request_overhead_ms": round(request["request_overhead_ms"], 3),
         "request_ms_per_prompt_token": round(request["request_ms_per_prompt_token"], 6),
         "host_overlaps_device": True,
@@ -244,8 +317,8 @@ def fit(mixed: dict, calibration: dict | None = None, weights_ms: float = 3.2) -
         "median_relative_error": round(statistics.median(errors), 3) if errors else None,
         "max_relative_error": round(max(errors), 3) if errors else None,
         "points": points,
-        "lone_ttft_ms": [{"prompt_tokens": n, "ttft_ms": t} for n, t in ttfts],
         "tail": tail,
+        "server_view": server_view(mixed),
     }
 
 
@@ -260,37 +333,35 @@ def plot(mixed: dict, fitted: dict, path: Path) -> None:
     timing = Timing(**fitted["profile_timing"])
     fig, axes = plt.subplots(1, 3, figsize=(18, 5))
     ax = axes[0]
-    points = [p for p in fitted["points"] if p["kind"] == "mixed"]
-    for d in sorted({p["D"] for p in points}):
-        row = sorted((p for p in points if p["D"] == d), key=lambda p: p["P"])
-        line = ax.plot([p["P"] for p in row], [p["ms"] for p in row], "o-", label=f"D={d}")
-        ax.plot([p["P"] for p in row], [p["fitted_ms"] for p in row], "--", color=line[0].get_color())
-    ax.set(title="step holding a joining prefill (first chunk): measured o-, fit --", xlabel="prefill tokens P")
-    ax.set(ylabel="ms")
+    joined = [p for p in fitted["points"] if p["kind"] == "joined"]
+    for d in sorted({p["D"] for p in joined}):
+        row = sorted((p for p in joined if p["D"] == d), key=lambda p: p["prefill_tokens"])
+        line = ax.plot([p["prefill_tokens"] for p in row], [p["ms"] for p in row], "o-", label=f"D={d}")
+        ax.plot([p["prefill_tokens"] for p in row], [p["fitted_ms"] for p in row], "--", color=line[0].get_color())
+    ax.set(xlabel="prefill tokens P joining D decodes", ylabel="ms", xscale="log", yscale="log")
+    sizes = sorted({p["prefill_tokens"] for p in joined})
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.minorticks_off()
+    ax.set_title("steps holding the prefill + the plain step after: measured o-, fit --", fontsize=10)
     ax.legend(fontsize=8)
     ax = axes[1]
     plain = sorted((p for p in fitted["points"] if p["kind"] == "plain"), key=lambda p: p["D"])
-    by_level = fitted["tail"]["by_decode_seqs"]
-    ax.plot([p["D"] for p in plain], [p["ms"] for p in plain], "o-", label="plain step, median")
-    ax.plot([int(d) for d in by_level], [v["mean_ms"] for v in by_level.values()], "s-", label="mean")
-    ax.plot([int(d) for d in by_level], [v["p99_ms"] for v in by_level.values()], "^-", label="p99")
-    ax.plot([p["D"] for p in plain], [p["fitted_ms"] for p in plain], "k--", label="fit (median)")
+    levels = fitted["tail"]["by_decode_seqs"]
+    ds = [int(d) for d in levels]
+    for key, style in (("p25_ms", "o-"), ("p50_ms", "s-"), ("mean_ms", "d-"), ("p99_ms", "^-")):
+        ax.plot(ds, [v[key] for v in levels.values()], style, label=key.removesuffix("_ms"))
+    ax.plot([p["D"] for p in plain], [p["fitted_ms"] for p in plain], "k--", label="fit (floor)")
     ax.set(title="plain decode steps by batch size", xlabel="decoding sequences D", ylabel="ms")
     ax.legend(fontsize=8)
     ax = axes[2]
-    extra = []
-    for level in mixed["levels"]:
-        gaps = plain_gaps(level)
-        if len(gaps) >= 20:
-            median = _median(gaps)
-            extra += [g - median for g in gaps]
+    extra = tail_extra(mixed)
     if extra:
-        ax.plot(np.sort(extra), np.linspace(0, 1, len(extra)), label="measured: step - its level's median")
+        ax.plot(np.sort(extra), np.linspace(0, 1, len(extra)), label="measured: step - its level's floor")
         rng = np.random.default_rng(0)
         drawn = [timing.tail_s(u) * 1000 for u in rng.random(len(extra))]
         ax.plot(np.sort(drawn), np.linspace(0, 1, len(drawn)), "--", label="simulator's tail draws")
-    ax.set(title="step tail (every D pooled)", xlabel="ms beyond the median", ylabel="fraction of steps")
+    ax.set(title="step tail (every D pooled)", xlabel="ms beyond the floor", ylabel="fraction of steps")
     ax.legend(fontsize=8)
-    fig.suptitle("One vLLM 0.26 engine (7B shape) alone on an H200: mixed steps and the decode tail", fontsize=11)
+    fig.suptitle("One vLLM 0.26 engine (7B shape) alone on an H200: prefills joining decodes, the decode tail")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -582,7 +582,13 @@ def run_plan(setup: Setup, plan: str, budget_s: float) -> None:
     try:
         if not setup.dry:
             gpu_log = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=timestamp,index,utilization.gpu,memory.used", "--format=csv", "-l", "1"],
+                [
+                    "nvidia-smi",
+                    "--query-gpu=timestamp,index,utilization.gpu,memory.used,clocks.sm,power.draw,clocks_throttle_reasons.active",
+                    "--format=csv",
+                    "-l",
+                    "1",
+                ],
                 stdout=open(RES / "gpu.csv", "ab"),  # noqa: SIM115 - closed when nvidia-smi ends
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,

@@ -14,8 +14,10 @@ tokens (one per decoding sequence, ``1 + k`` with speculative decoding), ``S`` s
 profile leaves it at zero and the step is plain compute. A step that schedules nothing takes no time.
 
 Opt-in terms (all zero by default, which is the model above) for what real vLLM on a GPU shows
-beyond the isolated parts: ``host_ms_per_prefill_token`` adds host time per prefill token
-(input preparation grows with the new tokens); ``mixed_ms + mixed_ms_per_decode_seq * D`` is what
+beyond the isolated parts: ``prefill_ms_per_ktoken2 * (P / 1000) ** 2`` adds to ``compute`` (the
+step's matrix products slow down per token as the step grows: a GPU at its power limit lowers its
+clocks), ``host_ms_per_prefill_token`` adds host time per prefill token (input preparation grows
+with the new tokens); ``mixed_ms + mixed_ms_per_decode_seq * D`` is what
 a step that mixes prefill tokens with ``D`` decoding sequences costs over its parts; ``serial_ms``
 is host time that never overlaps the device (scheduling before the first kernel, the wait for the
 sampled tokens after the last)::
@@ -71,6 +73,7 @@ class Timing:
     request_overhead_ms: float = 0.0
     request_ms_per_prompt_token: float = 0.0
     host_overlaps_device: bool = False
+    prefill_ms_per_ktoken2: float = 0.0
     serial_ms: float = 0.0
     host_ms_per_prefill_token: float = 0.0
     mixed_ms: float = 0.0
@@ -104,6 +107,7 @@ class Timing:
             + self.decode_ms_per_token * decode_tokens
             + self.attention_ms_per_ktoken * kctx
             + self.prefill_attention_ms_per_mpair * prefill_pairs / 1e6
+            + self.prefill_ms_per_ktoken2 * (prefill_tokens / 1000.0) ** 2
         )
         memory = self.weights_ms + self.kv_read_ms_per_ktoken * kctx
         host = self.overhead_ms + self.per_seq_ms * seqs + self.host_ms_per_prefill_token * prefill_tokens

@@ -33,6 +33,13 @@ def test_serial_host_time_never_overlaps_and_prefill_tokens_cost_host_time():
     assert timing.step_s(0, 0, 0, 0) == 0.0
 
 
+def test_a_steps_prefill_grows_with_the_square_of_its_tokens_not_only_of_each_prompts():
+    timing = replace(EAGER, prefill_ms_per_ktoken2=2.0, prefill_attention_ms_per_mpair=1.0)
+    # 4000 tokens: 80 ms linear + 2 * 16 ms; one prompt adds 8M attention pairs, four of 1000 only 2M.
+    assert timing.step_s(4000, 0, 1, 4000, 8e6) == pytest.approx((80 + 32 + 8) / 1000)
+    assert timing.step_s(4000, 0, 4, 4000, 2e6) == pytest.approx((80 + 32 + 2) / 1000)
+
+
 def test_the_engine_charges_a_mixed_step_once_a_prefill_joins_running_decodes():
     core = EngineCore(profile(replace(EAGER, mixed_ms=6)))
     core.add_request(request("decoding", prompt=8, max_tokens=20), 0.0)
@@ -92,4 +99,5 @@ def test_shipped_profiles_that_do_not_opt_in_keep_their_step_times():
     for name in ("default", "tiny-cpu", "h200-32b-fp8", "gemma4-nvfp4-mtp4"):
         timing = load_profile(name).timing
         assert (timing.serial_ms, timing.host_ms_per_prefill_token, timing.mixed_ms) == (0, 0, 0)
+        assert timing.prefill_ms_per_ktoken2 == 0
         assert timing.mixed_ms_per_decode_seq == 0 and timing.tail_quantiles_ms == ()
