@@ -584,7 +584,7 @@ def run_plan(setup: Setup, plan: str, budget_s: float) -> None:
             gpu_log = subprocess.Popen(
                 [
                     "nvidia-smi",
-                    "--query-gpu=timestamp,index,utilization.gpu,memory.used,clocks.sm,power.draw,clocks_throttle_reasons.active",
+                    "--query-gpu=timestamp,index,utilization.gpu,memory.used,clocks.sm,power.draw",
                     "--format=csv",
                     "-l",
                     "1",
