@@ -4,16 +4,24 @@ The model is ``engines/sim/profile.py``'s, with the host overlapping the device 
 
     step = serial_ms + [P > 0 and D > 0] * (mixed_ms + mixed_ms_per_decode_seq * D)
            + max(overhead_ms + per_seq_ms * S + host_ms_per_prefill_token * P,
-                 weights_ms, prefill_ms_per_token * P + prefill_attention_ms_per_mpair * pairs / 1e6)
+                 weights_ms,
+                 prefill_ms_per_token * P + prefill_ms_per_ktoken2 * (P / 1000) ** 2
+                 + prefill_attention_ms_per_mpair * pairs / 1e6)
+    ttft = request_overhead_ms + request_ms_per_prompt_token * prompt + its prompt's steps
 
-fitted (least squares on relative error, terms that come out negative dropped) to step durations the
-decoders saw: the median plain decode step at each D, and the steps that held a joining prefill's
-chunks (a prefill of P tokens beside D decodes fits the step's budget or is cut in two: budget - D
-tokens, then the rest). Each point is host- or device-bound; the fit guesses which, solves, and
-guesses again until the guess holds. Then the API server's share of a TTFT (``request_overhead_ms``
-+ ``request_ms_per_prompt_token`` * P) from lone requests' TTFT less the fitted step, and the step
-tail (``tail_quantiles_ms``): percentiles 0-100 of plain decode steps beyond their level's median,
-every D pooled, from one decoder's whole timeline outside the joining prefills' windows.
+fitted together (least squares on relative error, terms that come out negative dropped) to:
+
+- plain decode steps, one per D: the level's floor (its steps' first quartile, outside slow phases);
+- runs of steps the decoders saw while a prefill of P tokens joined D of them: the step(s) that held
+  its chunks (it fits the step's budget or is cut in two: budget - D tokens, then the rest) and the
+  plain step after (``step_points``);
+- lone requests' TTFT (the D = 0 level and the single-engine phases' TTFT by prompt length, up to
+  32k tokens: several chunks with growing attention, which tells attention from per-token growth).
+
+Each step is host- or device-bound; the fit guesses which, solves, and guesses again until the guess
+holds. Then the step tail (``tail_quantiles_ms``): percentiles 0-100 of plain decode steps over
+their level's floor, every D pooled, from one decoder's whole timeline outside the joining
+prefills' windows.
 """
 
 from __future__ import annotations
@@ -30,8 +38,9 @@ SLOW = 1.3  # a window whose plain steps before the join are this much over the 
 STEPS_BEFORE = 6  # calibrate.py: the gaps kept before the step that ends with the prefill's first token
 BUDGET = 8192  # --max-num-batched-tokens
 MODEL = (
-    "step = serial + [P>0 and D>0](mixed + mixed_per_seq*D) + max(overhead + per_seq*S + h*P, weights, a*P + q*pairs);"
-    " ttft += request + r*prompt_tokens; + a tail drawn per step"
+    "step = serial + [P>0 and D>0](mixed + mixed_per_seq*D)"
+    " + max(overhead + per_seq*S + h*P, weights, a*P + b*(P/1000)^2 + q*pairs);"
+    " ttft = request + r*prompt_tokens + steps; + a tail drawn per step"
 )
 TERMS = (
     "serial_ms",

@@ -14,13 +14,13 @@ tokens (one per decoding sequence, ``1 + k`` with speculative decoding), ``S`` s
 profile leaves it at zero and the step is plain compute. A step that schedules nothing takes no time.
 
 Opt-in terms (all zero by default, which is the model above) for what real vLLM on a GPU shows
-beyond the isolated parts: ``prefill_ms_per_ktoken2 * (P / 1000) ** 2`` adds to ``compute`` (the
-step's matrix products slow down per token as the step grows: a GPU at its power limit lowers its
-clocks), ``host_ms_per_prefill_token`` adds host time per prefill token (input preparation grows
-with the new tokens); ``mixed_ms + mixed_ms_per_decode_seq * D`` is what
-a step that mixes prefill tokens with ``D`` decoding sequences costs over its parts; ``serial_ms``
-is host time that never overlaps the device (scheduling before the first kernel, the wait for the
-sampled tokens after the last)::
+beyond the isolated parts: ``prefill_ms_per_ktoken2 * (P / 1000) ** 2`` adds to ``compute`` (per
+token, a step's prefill slows as the step grows, whatever prompts share it, as measured on an
+H200), ``host_ms_per_prefill_token`` adds host time per prefill token (input preparation grows with
+the new tokens); ``mixed_ms + mixed_ms_per_decode_seq * D`` is what a step that mixes prefill
+tokens with ``D`` decoding sequences costs over its parts; ``serial_ms`` is host time that never
+overlaps the device (scheduling before the first kernel, the wait for the sampled tokens after the
+last)::
 
     step = serial_ms + [the step above] + (mixed_ms + mixed_ms_per_decode_seq * D  if P > 0 and D > 0)
 
