@@ -593,13 +593,32 @@ def mixed_steps(res: Path, out: Path) -> None:
     fitted = fit_mixed.fit(mixed, single)
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    (raw / "mixed.json").write_text(json.dumps(mixed, separators=(",", ":")) + "\n")
+    (raw / "mixed.json").write_text(json.dumps(slim_metrics(mixed), separators=(",", ":")) + "\n")
     if single is not None:
         shutil.copy(folder / "calibration.json", raw / "calibration-alone.json")
     record = {"engine": (res / "engines" / "engine1.cmd").read_text().strip(), "fit": fitted}
     (out / "mixed_steps.json").write_text(json.dumps(record, indent=1) + "\n")
     fit_mixed.plot(mixed, fitted, out / "mixed_steps.png")
     print(f"wrote {out / 'mixed_steps'}.json", file=sys.stderr)
+
+
+def slim_metrics(mixed: dict) -> dict:
+    """``mixed.json`` with only the metric samples that changed between a level's scrapes (or the
+    phase's), and no ``_created`` timestamps: what a delta needs."""
+
+    def changed(scrapes: list[dict[str, float]]) -> list[dict[str, float]]:
+        keys = {k for scrape in scrapes for k in scrape if "_created" not in k}
+        keep = {k for k in keys if len({scrape.get(k) for scrape in scrapes}) > 1}
+        return [{k: v for k, v in scrape.items() if k in keep} for scrape in scrapes]
+
+    out = dict(mixed)
+    out["metrics_before"], out["metrics_after"] = changed([mixed["metrics_before"], mixed["metrics_after"]])
+    out["levels"] = []
+    for level in mixed["levels"]:
+        names = list(level["metrics"])
+        slim = changed([level["metrics"][n] for n in names])
+        out["levels"].append({**level, "metrics": dict(zip(names, slim, strict=True))})
+    return out
 
 
 def summarize(sittings: list[Path], out: Path) -> tuple[dict, dict]:
