@@ -58,6 +58,7 @@ from live_stack import (
 from priority_gateway.bench import loadgen, stats
 from priority_gateway.bench.loadgen import Sample
 from priority_gateway.bench.workload import SyntheticWorkload, load_arrivals
+from priority_gateway.loopback import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 TTFT_BUDGET_MS, ITL_BUDGET_MS = 500.0, 50.0
@@ -109,7 +110,12 @@ class Flood:
 
 
 async def drive(
-    urls: list[str], engines: Engines, args: argparse.Namespace, seed: int, outage: tuple[float, float] | None, redis
+    urls: list[str],
+    engines: Engines,
+    args: argparse.Namespace,
+    seed: int,
+    outage: tuple[float, float] | None,
+    redis: RedisServer,
 ) -> dict[str, Any]:
     seconds = args.minutes * 60.0
     tag = secrets.token_hex(4)
@@ -267,9 +273,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "targets": {
             "fleet_ttft_within_5pct": _within(fleet.get("ttft_p99_ms_vs_one"), 1.05),
             "fleet_itl_within_5pct": _within(fleet.get("itl_p99_ms_vs_one"), 1.05),
-            "fleet_goodput_within_10pct": None
-            if fleet.get("batch_goodput_tokens_per_s_vs_one") is None
-            else fleet["batch_goodput_tokens_per_s_vs_one"] >= 0.9,
+            "fleet_goodput_within_10pct": _within(fleet.get("batch_goodput_tokens_per_s_vs_one"), 0.9, above=True),
             "redis_killed_budgets_hold": None
             if not killed
             else bool((killed["ttft_p99_ms"] or 0) <= TTFT_BUDGET_MS and (killed["itl_p99_ms"] or 0) <= ITL_BUDGET_MS),
@@ -277,8 +281,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _within(value: float | None, bound: float) -> bool | None:
-    return None if value is None else value <= bound
+def _within(value: float | None, bound: float, above: bool = False) -> bool | None:
+    if value is None:
+        return None
+    return value >= bound if above else value <= bound
 
 
 def plot(summary: dict[str, Any], runs: list[dict[str, Any]], path: Path) -> None:
