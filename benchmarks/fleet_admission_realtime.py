@@ -236,7 +236,14 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
         "interactive_requests": i["requests"],
         "engine_over_limit_share_max": max((e["over_share"] or 0.0 for e in engines), default=None),
         "engine_max_over_limit": max((e["over_by_max"] for e in engines), default=None),
+        "engine_over_samples_redis_up": sum(e["over"] - e["down_over"] for e in engines),
+        **{
+            f"{pool}_{key}": max((e[key] for e in engines if e["pool"] == pool), default=None)
+            for pool in ("interactive", "batch")
+            for key in ("max_held_after_warmup", "limit_max", "down_max_held")
+        },
         "machine_busy_share": run["cpu"]["machine_busy_share"],
+        "ours_share_of_cores": run["cpu"]["ours_share_of_cores"],
     }
 
 
