@@ -339,8 +339,33 @@ def plot(summary: dict[str, Any], runs: list[dict[str, Any]], path: Path) -> Non
     fig.savefig(path, dpi=110)
 
 
-def run_all(args: argparse.Namespace, setups: list[str], out: Path) -> tuple[list[dict[str, Any]], Engines]:
+def scenario(args: argparse.Namespace, engines: Engines) -> dict[str, Any]:
+    return {
+        "model": engines.model,
+        "engines": engines.urls if args.engines else None,
+        "interactive_engines": len(engines.urls["interactive"]),
+        "batch_engines": len(engines.urls["batch"]),
+        "profiles": None if args.engines else [args.interactive_profile, args.batch_profile],
+        "rate_rps": args.rate,
+        "tokens": [args.input, args.output],
+        "flood": args.flood,
+        "flood_ramp_s": args.ramp_s,
+        "minutes": args.minutes,
+        "warmup_s": args.warmup_s,
+        "replicas": args.replicas,
+        "budget_ms": {"ttft_p99": TTFT_BUDGET_MS, "itl_p99": ITL_BUDGET_MS},
+        "redis_restart": args.redis_restart,
+        "sample_ms": args.sample_ms,
+        "host_cores": os.cpu_count(),
+    }
+
+
+def run_all(args: argparse.Namespace, setups: list[str], out: Path, command: str) -> tuple[dict[str, Any], list]:
+    """Every run, in turn; after each, ``runs.json`` and ``summary.json`` hold what is done so far
+    (an interrupted invocation leaves a summary that ``--from-runs`` can merge with another's)."""
     runs: list[dict[str, Any]] = []
+    started = time.monotonic()
+    summary: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         batch_args = ["--profile", args.batch_profile, "--scheduling-policy", args.batch_scheduling]
@@ -362,10 +387,17 @@ def run_all(args: argparse.Namespace, setups: list[str], out: Path) -> tuple[lis
                         f"their limit in {f['engine_over_limit_share_max']} of samples, machine busy "
                         f"{f['machine_busy_share']:.0%}"
                     )
+                    summary = {
+                        "command": command,
+                        "scenario": scenario(args, engines),
+                        **summarize(runs),
+                        "wall_s": round(time.monotonic() - started, 1),
+                    }
                     (out / "runs.json").write_text(json.dumps(runs, indent=1))
+                    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         finally:
             engines.stop()
-    return runs, engines
+    return summary, runs
 
 
 def main() -> None:
@@ -415,38 +447,13 @@ def main() -> None:
         summary = {
             "command": command,
             "commands": [e["command"] for e in earlier],
-            "engines": earlier[0]["engines"],
             "scenario": earlier[0]["scenario"],
             **summarize(runs),
-            "wall_s": sum(e["wall_s"] for e in earlier),
+            "wall_s": round(sum(e["wall_s"] for e in earlier), 1),
         }
         (out / "runs.json").write_text(json.dumps(runs, indent=1))
     else:
-        started = time.monotonic()
-        runs, engines = run_all(args, setups, out)
-        summary = {
-            "command": command,
-            "engines": engines.urls if args.engines else None,
-            "scenario": {
-                "model": engines.model,
-                "interactive_engines": len(engines.urls["interactive"]),
-                "batch_engines": len(engines.urls["batch"]),
-                "profiles": None if args.engines else [args.interactive_profile, args.batch_profile],
-                "rate_rps": args.rate,
-                "tokens": [args.input, args.output],
-                "flood": args.flood,
-                "flood_ramp_s": args.ramp_s,
-                "minutes": args.minutes,
-                "warmup_s": args.warmup_s,
-                "replicas": args.replicas,
-                "budget_ms": {"ttft_p99": TTFT_BUDGET_MS, "itl_p99": ITL_BUDGET_MS},
-                "redis_restart": args.redis_restart,
-                "sample_ms": args.sample_ms,
-                "host_cores": os.cpu_count(),
-            },
-            **summarize(runs),
-            "wall_s": round(time.monotonic() - started, 1),
-        }
+        summary, runs = run_all(args, setups, out, command)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot(summary, runs, out / "fleet_admission_realtime.png")
     print(json.dumps({k: summary[k] for k in ("medians", "paired_ratio_medians", "targets")}, indent=2))
