@@ -399,7 +399,7 @@ def run_all(args: argparse.Namespace, setups: list[str], out: Path, command: str
                         **summarize(runs, args.budget_ms),
                         "wall_s": round(time.monotonic() - started, 1),
                     }
-                    (out / "runs.json").write_text(json.dumps(runs, indent=1))
+                    (out / "runs.json").write_text(json.dumps(runs, separators=(",", ":")) + "\n")
                     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         finally:
             engines.stop()
@@ -444,7 +444,7 @@ def main() -> None:
         "--from-runs",
         nargs="+",
         metavar="DIR",
-        help="run nothing: summarize the runs of earlier invocations (their --out folders) together",
+        help="run nothing: summarize the runs of earlier invocations (their --out folders, which keep runs.json)",
     )
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/fleet_admission_realtime"))
     args = parser.parse_args()
@@ -464,7 +464,6 @@ def main() -> None:
             **summarize(runs, tuple(earlier[0]["scenario"]["budget_ms"].values())),
             "wall_s": round(sum(e["wall_s"] for e in earlier), 1),
         }
-        (out / "runs.json").write_text(json.dumps(runs, indent=1))
     else:
         summary, runs = run_all(args, setups, out, command)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
