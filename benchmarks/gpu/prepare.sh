@@ -39,7 +39,7 @@ $PIP download -q $TGT -d "$W/extra" orjson==3.13.0 redis==8.1.0
 cp "$W/extra/router.tar.xz" "$W"/extra/orjson-*.whl "$W"/extra/redis-*.whl "$DEST/c1/"
 
 # This worktree's code (what git tracks under these paths, as it is now, committed or not).
-(cd "$ROOT" && git ls-files -co --exclude-standard gateway engines benchmarks/gpu benchmarks/vllm_calibration.py \
+(cd "$ROOT" && git ls-files -co --exclude-standard priority_gateway engines benchmarks/gpu benchmarks/vllm_calibration.py \
   pyproject.toml | tar -cf - -T - | xz -9 > "$DEST/c2/proj.tar.xz")
 (cd "$W" && sha256sum site.tar.xz > "$DEST/c2/SHA256SUMS")
 
