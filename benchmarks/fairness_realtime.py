@@ -55,7 +55,6 @@ from priority_gateway.bench.workload import load_arrivals
 from priority_gateway.keys.remote import RemoteKeys
 
 ROOT = Path(__file__).resolve().parents[1]
-TTFT_MS, ITL_MS = BUDGET.ttft_s * 1000.0, BUDGET.itl_s * 1000.0
 PROBE = "probe"
 PROBE_RPS_PER_ENGINE = 10.0 / 8  # benchmarks/fairness.py probes 8 engines at 10 requests/s
 
@@ -64,10 +63,12 @@ def progress(message: str) -> None:
     say("fairness_realtime", message)
 
 
-def gateway_config(engines: Engines, store: str, fair: bool, admin: str) -> dict[str, Any]:
+def gateway_config(
+    engines: Engines, store: str, fair: bool, admin: str, budget_ms: tuple[float, float]
+) -> dict[str, Any]:
     return {
         "pools": {"interactive": {"engines": engines.urls["interactive"]}},
-        "classes": {"interactive": {"ttft_p99_ms": TTFT_MS, "itl_p99_ms": ITL_MS}},
+        "classes": {"interactive": {"ttft_p99_ms": budget_ms[0], "itl_p99_ms": budget_ms[1]}},
         "tenants": {"fair": fair},
         "keys": {"admin": admin},
         "store": store,
@@ -124,7 +125,9 @@ async def load(
     }
 
 
-def per_tenant(samples: dict[str, list[Sample]], span_s: float) -> dict[str, dict[str, Any]]:
+def per_tenant(
+    samples: dict[str, list[Sample]], span_s: float, budget_ms: tuple[float, float]
+) -> dict[str, dict[str, Any]]:
     """``benchmarks/fairness.py``'s rows from what the clients saw: requests sent after the warm-up,
     those within both budgets, those refused, and the tokens (prompt + output) of those completed."""
     rows = {}
@@ -132,7 +135,7 @@ def per_tenant(samples: dict[str, list[Sample]], span_s: float) -> dict[str, dic
         done = [s for s in mine if stats.completed(s)]
         rows[tenant] = {
             "requests": len(mine),
-            "met": sum(stats.meets_slo(s, TTFT_MS, ITL_MS) for s in mine),
+            "met": sum(stats.meets_slo(s, *budget_ms) for s in mine),
             "refused": sum(s.refused is not None for s in mine),
             "errors": sum(s.error is not None for s in mine),
             "tokens": sum((s.prompt_tokens or INPUT) + stats.tokens(s) for s in done),
@@ -147,7 +150,7 @@ def one_run(
     redis = redis_server(args.redis_server, tmp).start() if args.replicas > 1 else None
     replicas = []
     try:
-        config = gateway_config(engines, redis.url if redis else "memory", fair, admin)
+        config = gateway_config(engines, redis.url if redis else "memory", fair, admin, args.budget_ms)
         replicas = start_replicas(tmp, config, args.replicas)
         urls = [r.url for r in replicas]
         keys = create_keys(urls[0], admin, list(rates))
@@ -168,7 +171,7 @@ def one_run(
     if not wait_engines_idle(engines.urls["interactive"]):
         progress("  engines still hold requests 120 s after the run")
     return {
-        "rows": per_tenant(samples, args.seconds - args.warmup_s),
+        "rows": per_tenant(samples, args.seconds - args.warmup_s, args.budget_ms),
         "cpu": cpu,
         "gateway_tenant_metrics": tenant_metrics,
     }
@@ -185,6 +188,13 @@ def main() -> None:
     parser.add_argument("--interactive-engines", type=int, default=8, help="simulated engines")
     parser.add_argument("--profile", default="gemma4-nvfp4", help="simulated engines' profile")
     parser.add_argument("--engines", nargs="+", metavar="interactive=URL,URL", help="external engines; none simulated")
+    parser.add_argument(
+        "--budget-ms",
+        type=lambda v: tuple(float(x) for x in v.split(",")),
+        default=(BUDGET.ttft_s * 1000.0, BUDGET.itl_s * 1000.0),
+        metavar="TTFT,ITL",
+        help="the interactive class's TTFT p99 and ITL p99 budgets (default: benchmarks/fairness.py's, 500,50)",
+    )
     parser.add_argument("--redis-server", default="redis-server", help="the redis-server binary (--replicas > 1)")
     parser.add_argument("--ttft-ms", type=float, default=TTFT_MS, help="interactive TTFT p99 budget")
     parser.add_argument("--itl-ms", type=float, default=ITL_MS, help="interactive ITL p99 budget")
@@ -241,7 +251,7 @@ def main() -> None:
         "profile": engines.model if args.engines else args.profile,
         "engines": len(engines.urls["interactive"]),
         "replicas": args.replicas,
-        "budget_ms": {"ttft_p99": TTFT_MS, "itl_p99": ITL_MS},
+        "budget_ms": {"ttft_p99": args.budget_ms[0], "itl_p99": args.budget_ms[1]},
         "request_tokens": {"input": INPUT, "output": OUTPUT},
         "seconds": args.seconds,
         "warmup_s": args.warmup_s,

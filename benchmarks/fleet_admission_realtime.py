@@ -61,7 +61,7 @@ from priority_gateway.bench.workload import SyntheticWorkload, load_arrivals
 from priority_gateway.loopback import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
-TTFT_BUDGET_MS, ITL_BUDGET_MS = 500.0, 50.0
+BUDGET_MS = (500.0, 50.0)  # the interactive class's TTFT p99 and ITL p99, as in benchmarks/admission.py
 SETUPS = ("one", "fleet", "fleet_redis_killed")
 
 
@@ -162,7 +162,7 @@ async def drive(
         await batch.aclose()
     warm = [s for s in samples if s.sent - start >= args.warmup_s]
     out: dict[str, Any] = {
-        "interactive": stats.summarize(warm, TTFT_BUDGET_MS, ITL_BUDGET_MS),
+        "interactive": stats.summarize(warm, *args.budget_ms),
         "interactive_refused_share": round(sum(s.refused is not None for s in warm) / max(1, len(warm)), 4),
         "batch_goodput_tokens_per_s": flood.goodput(start, args.warmup_s, seconds),
         "batch_statuses": flood.statuses(),
@@ -170,7 +170,7 @@ async def drive(
     }
     if outage is not None:
         during = [s for s in samples if outage[0] <= s.sent - start < outage[1]]
-        out["interactive_while_redis_down"] = stats.summarize(during, TTFT_BUDGET_MS, ITL_BUDGET_MS)
+        out["interactive_while_redis_down"] = stats.summarize(during, *args.budget_ms)
         out["batch_goodput_while_redis_down"] = flood.goodput(start, outage[0], min(outage[1], seconds))
     return out
 
@@ -181,7 +181,7 @@ def gateway_config(engines: Engines, store: str, args: argparse.Namespace) -> di
         batch_pool["scheduling_policy"] = "priority"
     return {
         "pools": {"interactive": {"engines": engines.urls["interactive"]}, "batch": batch_pool},
-        "classes": {"interactive": {"ttft_p99_ms": TTFT_BUDGET_MS, "itl_p99_ms": ITL_BUDGET_MS}},
+        "classes": {"interactive": {"ttft_p99_ms": args.budget_ms[0], "itl_p99_ms": args.budget_ms[1]}},
         "store": store,
         "log_level": "info",
     }
@@ -242,6 +242,8 @@ def figures(run: dict[str, Any]) -> dict[str, Any]:
             for pool in ("interactive", "batch")
             for key in ("max_held_after_warmup", "limit_max", "down_max_held")
         },
+        "ttft_p99_ms_redis_down": run.get("interactive_while_redis_down", {}).get("ttft_p99_ms"),
+        "itl_p99_ms_redis_down": run.get("interactive_while_redis_down", {}).get("itl_p99_ms"),
         "machine_busy_share": run["cpu"]["machine_busy_share"],
         "ours_share_of_cores": run["cpu"]["ours_share_of_cores"],
     }
@@ -252,7 +254,7 @@ def median(values: list[float | None]) -> float | None:
     return round(statistics.median(known), 3) if known else None
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(runs: list[dict[str, Any]], budget_ms: tuple[float, float]) -> dict[str, Any]:
     by_setup: dict[str, list[dict[str, Any]]] = {s: [] for s in SETUPS}
     for run in runs:
         by_setup[run["setup"]].append(figures(run))
@@ -283,7 +285,11 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "fleet_goodput_within_10pct": _within(fleet.get("batch_goodput_tokens_per_s_vs_one"), 0.9, above=True),
             "redis_killed_budgets_hold": None
             if not killed
-            else bool((killed["ttft_p99_ms"] or 0) <= TTFT_BUDGET_MS and (killed["itl_p99_ms"] or 0) <= ITL_BUDGET_MS),
+            else all(
+                (killed[f"{kind}_p99_ms{when}"] or 0.0) <= budget
+                for kind, budget in zip(("ttft", "itl"), budget_ms, strict=True)
+                for when in ("", "_redis_down")
+            ),
         },
     }
 
@@ -305,8 +311,8 @@ def plot(summary: dict[str, Any], runs: list[dict[str, Any]], path: Path) -> Non
     top = [fig.add_subplot(grid[0, 2 * i : 2 * i + 2]) for i in range(3)]
     colors = {"one": "tab:grey", "fleet": "tab:blue", "fleet_redis_killed": "tab:orange"}
     for ax, key, budget, title in (
-        (top[0], "ttft_p99_ms", TTFT_BUDGET_MS, "interactive TTFT p99 (ms)"),
-        (top[1], "itl_p99_ms", ITL_BUDGET_MS, "interactive ITL p99 (ms)"),
+        (top[0], "ttft_p99_ms", summary["scenario"]["budget_ms"]["ttft_p99"], "interactive TTFT p99 (ms)"),
+        (top[1], "itl_p99_ms", summary["scenario"]["budget_ms"]["itl_p99"], "interactive ITL p99 (ms)"),
         (top[2], "batch_goodput_tokens_per_s", None, "batch output tokens/s"),
     ):
         for i, setup in enumerate(SETUPS):
@@ -339,8 +345,33 @@ def plot(summary: dict[str, Any], runs: list[dict[str, Any]], path: Path) -> Non
     fig.savefig(path, dpi=110)
 
 
-def run_all(args: argparse.Namespace, setups: list[str], out: Path) -> tuple[list[dict[str, Any]], Engines]:
+def scenario(args: argparse.Namespace, engines: Engines) -> dict[str, Any]:
+    return {
+        "model": engines.model,
+        "engines": engines.urls if args.engines else None,
+        "interactive_engines": len(engines.urls["interactive"]),
+        "batch_engines": len(engines.urls["batch"]),
+        "profiles": None if args.engines else [args.interactive_profile, args.batch_profile],
+        "rate_rps": args.rate,
+        "tokens": [args.input, args.output],
+        "flood": args.flood,
+        "flood_ramp_s": args.ramp_s,
+        "minutes": args.minutes,
+        "warmup_s": args.warmup_s,
+        "replicas": args.replicas,
+        "budget_ms": {"ttft_p99": args.budget_ms[0], "itl_p99": args.budget_ms[1]},
+        "redis_restart": args.redis_restart,
+        "sample_ms": args.sample_ms,
+        "host_cores": os.cpu_count(),
+    }
+
+
+def run_all(args: argparse.Namespace, setups: list[str], out: Path, command: str) -> tuple[dict[str, Any], list]:
+    """Every run, in turn; after each, ``runs.json`` and ``summary.json`` hold what is done so far
+    (an interrupted invocation leaves a summary that ``--from-runs`` can merge with another's)."""
     runs: list[dict[str, Any]] = []
+    started = time.monotonic()
+    summary: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         batch_args = ["--profile", args.batch_profile, "--scheduling-policy", args.batch_scheduling]
@@ -362,10 +393,17 @@ def run_all(args: argparse.Namespace, setups: list[str], out: Path) -> tuple[lis
                         f"their limit in {f['engine_over_limit_share_max']} of samples, machine busy "
                         f"{f['machine_busy_share']:.0%}"
                     )
+                    summary = {
+                        "command": command,
+                        "scenario": scenario(args, engines),
+                        **summarize(runs, args.budget_ms),
+                        "wall_s": round(time.monotonic() - started, 1),
+                    }
                     (out / "runs.json").write_text(json.dumps(runs, indent=1))
+                    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         finally:
             engines.stop()
-    return runs, engines
+    return summary, runs
 
 
 def main() -> None:
@@ -392,6 +430,13 @@ def main() -> None:
         help="external engines (e.g. real vLLM): interactive=URL,URL batch=URL,URL; no engine is simulated",
     )
     parser.add_argument("--batch-scheduling", choices=("priority", "fcfs"), default="priority")
+    parser.add_argument(
+        "--budget-ms",
+        type=lambda v: tuple(float(x) for x in v.split(",")),
+        default=BUDGET_MS,
+        metavar="TTFT,ITL",
+        help="the interactive class's TTFT p99 and ITL p99 budgets (default 500,50)",
+    )
     parser.add_argument("--redis-server", default="redis-server", help="the redis-server binary")
     parser.add_argument("--redis-restart", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--sample-ms", type=float, default=10.0, help="engine concurrency sampling period")
@@ -420,38 +465,13 @@ def main() -> None:
         summary = {
             "command": command,
             "commands": [e["command"] for e in earlier],
-            "engines": earlier[0]["engines"],
             "scenario": earlier[0]["scenario"],
-            **summarize(runs),
-            "wall_s": sum(e["wall_s"] for e in earlier),
+            **summarize(runs, tuple(earlier[0]["scenario"]["budget_ms"].values())),
+            "wall_s": round(sum(e["wall_s"] for e in earlier), 1),
         }
         (out / "runs.json").write_text(json.dumps(runs, indent=1))
     else:
-        started = time.monotonic()
-        runs, engines = run_all(args, setups, out)
-        summary = {
-            "command": command,
-            "engines": engines.urls if args.engines else None,
-            "scenario": {
-                "model": engines.model,
-                "interactive_engines": len(engines.urls["interactive"]),
-                "batch_engines": len(engines.urls["batch"]),
-                "profiles": None if args.engines else [args.interactive_profile, args.batch_profile],
-                "rate_rps": args.rate,
-                "tokens": [args.input, args.output],
-                "flood": args.flood,
-                "flood_ramp_s": args.ramp_s,
-                "minutes": args.minutes,
-                "warmup_s": args.warmup_s,
-                "replicas": args.replicas,
-                "budget_ms": {"ttft_p99": TTFT_BUDGET_MS, "itl_p99": ITL_BUDGET_MS},
-                "redis_restart": args.redis_restart,
-                "sample_ms": args.sample_ms,
-                "host_cores": os.cpu_count(),
-            },
-            **summarize(runs),
-            "wall_s": round(time.monotonic() - started, 1),
-        }
+        summary, runs = run_all(args, setups, out, command)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot(summary, runs, out / "fleet_admission_realtime.png")
     print(json.dumps({k: summary[k] for k in ("medians", "paired_ratio_medians", "targets")}, indent=2))
