@@ -515,7 +515,7 @@ def relay_direct_spread(setup: Setup, urls: list[str], folder: Path, seconds: fl
 # The fleet plan: issue-scale real-time benchmarks (several gateway replicas on one redis-server,
 # tenants sharing a pool) run as they run on CPU, against the device's engines: engines 1-2 are the
 # interactive pool and 3-4 the batch pool. Budgets suit eager 7B engines sharing one GPU.
-FLEET_BUDGET = ["--ttft-ms", "1000", "--itl-ms", "100"]
+FLEET_BUDGET = ["--budget-ms", "1000,100"]
 
 
 def redis_binary(setup: Setup) -> tuple[str, dict[str, str]]:
