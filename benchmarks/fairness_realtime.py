@@ -178,7 +178,6 @@ def one_run(
 
 
 def main() -> None:
-    global TTFT_MS, ITL_MS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=150.0, help="each run's length")
     parser.add_argument("--warmup-s", type=float, default=WARMUP_S, help="requests sent before this are not counted")
@@ -196,12 +195,8 @@ def main() -> None:
         help="the interactive class's TTFT p99 and ITL p99 budgets (default: benchmarks/fairness.py's, 500,50)",
     )
     parser.add_argument("--redis-server", default="redis-server", help="the redis-server binary (--replicas > 1)")
-    parser.add_argument("--ttft-ms", type=float, default=TTFT_MS, help="interactive TTFT p99 budget")
-    parser.add_argument("--itl-ms", type=float, default=ITL_MS, help="interactive ITL p99 budget")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/fairness_realtime"))
     args = parser.parse_args()
-    # Engines slower than the simulated ones (real vLLM, eager, several on one GPU) need budgets of their own.
-    TTFT_MS, ITL_MS = args.ttft_ms, args.itl_ms
     if args.seconds <= args.warmup_s:
         parser.error(f"--seconds must be longer than the warm-up ({args.warmup_s:g} s)")
     modes = [m for m in args.modes.split(",") if m]

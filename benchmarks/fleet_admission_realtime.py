@@ -407,7 +407,6 @@ def run_all(args: argparse.Namespace, setups: list[str], out: Path, command: str
 
 
 def main() -> None:
-    global TTFT_BUDGET_MS, ITL_BUDGET_MS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=3.0, help="length of each run")
     parser.add_argument("--warmup-s", type=float, default=30.0, help="requests sent before this are not measured")
@@ -447,12 +446,8 @@ def main() -> None:
         metavar="DIR",
         help="run nothing: summarize the runs of earlier invocations (their --out folders) together",
     )
-    parser.add_argument("--ttft-ms", type=float, default=TTFT_BUDGET_MS, help="interactive TTFT p99 budget")
-    parser.add_argument("--itl-ms", type=float, default=ITL_BUDGET_MS, help="interactive ITL p99 budget")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/fleet_admission_realtime"))
     args = parser.parse_args()
-    # Engines slower than the simulated ones (real vLLM, eager, several on one GPU) need budgets of their own.
-    TTFT_BUDGET_MS, ITL_BUDGET_MS = args.ttft_ms, args.itl_ms
     setups = [s for s in args.setups.split(",") if s]
     if unknown := set(setups) - set(SETUPS):
         parser.error(f"--setups: unknown {sorted(unknown)}")
