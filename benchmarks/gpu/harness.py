@@ -560,12 +560,12 @@ def fleet_steps(setup: Setup) -> list[tuple[str, float, Callable[[], None]]]:
     urls = setup.urls
     half = len(urls) // 2
     pools = [f"interactive={','.join(urls[:half])}", f"batch={','.join(urls[half:])}"]
-    minutes = max(0.5, 1.0 * setup.time_scale)
+    minutes = max(0.5, 0.75 * setup.time_scale)
     fleet = ["--engines", *pools, "--replicas", "4", "--repeats", "2", "--minutes", f"{minutes:g}"]
     fleet += ["--warmup-s", f"{setup.seconds(15):g}", "--rate", "2", "--input", "1024", "--output", "128"]
     fleet += ["--flood", "192", *FLEET_BUDGET]
     fleet_s = 2 * 3 * (minutes * 60 + 35)
-    fair_s = max(setup.seconds(40), 30.0)
+    fair_s = max(setup.seconds(35), 30.0)
     fair = ["--engines", f"interactive={','.join(urls)}", "--seconds", f"{fair_s:g}", "--warmup-s", "10"]
     fair += FLEET_BUDGET
     fair_total = 9 * (fair_s + 20)
