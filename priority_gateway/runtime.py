@@ -159,7 +159,14 @@ class Gateway:
             return None
         if not any(pool.policy == "prefix" for pool in config.pools.values()):
             return None
-        return RoutingShare(config.store, share, self.dispatcher, self.metrics, config.prefix.block_chars)
+        return RoutingShare(
+            config.store,
+            share,
+            self.dispatcher,
+            self.metrics,
+            config.prefix.block_chars,
+            on_granted=self.scheduler.admit_granted,
+        )
 
     def _engine_watched(self, engine_id: str, pool: str) -> None:
         feed = self.kv_feeds.get(pool)

@@ -44,6 +44,7 @@ cp "$W"/extra/orjson-*.whl "$W"/extra/redis-*.whl "$DEST/c1/"
 
 # This worktree's code (what git tracks under these paths, as it is now, committed or not).
 (cd "$ROOT" && git ls-files -co --exclude-standard priority_gateway engines benchmarks/gpu benchmarks/vllm_calibration.py \
+  benchmarks/live_stack.py benchmarks/fairness.py benchmarks/fairness_realtime.py benchmarks/fleet_admission_realtime.py \
   pyproject.toml | tar -cf - -T - | xz -9 > "$DEST/c2/proj.tar.xz")
 (cd "$W" && sha256sum site.tar.xz > "$DEST/c2/SHA256SUMS")
 

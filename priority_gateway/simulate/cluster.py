@@ -25,9 +25,16 @@ Rules:
   each scrapes every engine and sees only its own requests in flight.
 - With ``share`` on (the server's default on a Redis store), replicas tell each other what they
   routed and their pending prefill (``priority_gateway/core/sharing.py``) as the server does over Redis:
-  what a replica has to tell is sent in one batch at the next multiple of ``share_interval_s`` and
-  reaches every other replica ``share_delay_s`` later; every ``share_full_s`` each replica sends
-  all its pending prefill. The bytes are counted as the server would send them (``encode``).
+  each replica's publisher runs at every multiple of ``share_interval_s`` (0: after every event), as
+  the server's publish loop does: what it has to tell since its previous batch goes out in one
+  batch and reaches every replica, itself included, ``share_delay_s`` later, in the order sent (as
+  Redis delivers a channel's messages), where slots it granted start queued requests at once; every
+  ``share_full_s`` each replica's next batch is full (all its load). The bytes are counted as the server
+  would send them (``encode``). The replicas start having heard each other, as the server's have
+  by the time they serve: each holds its even share of every engine's slots.
+- ``overfilled`` (admission on): dispatches that left an engine with more gateway requests than the
+  highest limit any replica learned for it lets one replica start (none with one replica), and the
+  largest excess.
 - ``share_down`` ``(from, until)``: the channel breaks then, as when Redis dies: batches in transit
   and sent meanwhile are lost, every replica forgets the others (``lost_peers``) and admits its safe
   share; from ``until`` batches flow again and each returns to shared admission once settled
@@ -82,7 +89,7 @@ MODEL = "sim-model"
     _POLL,
     _SCRAPE,
     _ENGINE_ADD,
-    _SHARE_SEND,
+    _SHARE_TICK,
     _SHARE_ARRIVE,
     _SHARE_FULL,
     _SHARE_DOWN,
@@ -241,9 +248,10 @@ class Cluster:
                 dispatcher.safe_share.settle_s = setup.share_full_s
         self.share_up = True
         self.safe_share_spans: list[dict[str, float | None]] = []
-        self._outgoing: list[Learned | None] = [None for _ in self.dispatchers]
+        self._full_due = False
         self._sequence = [0 for _ in self.dispatchers]
         self.share_stats = {"batches": 0, "facts": 0, "bytes": 0, "applied": 0}
+        self.overfilled = {"dispatches": 0, "max_excess": 0}
         self.records: dict[str, Record] = {}
         self._events: list[tuple[float, int, int, Any]] = []
         self._order = itertools.count()
@@ -278,7 +286,10 @@ class Cluster:
         self._at(0.0, _POLL, None)
         self._at(0.0, _SCRAPE, None)
         if self.sharing:
+            self._hear_each_other()
             self._at(self.setup.share_full_s, _SHARE_FULL, None)
+            if self.setup.share_interval_s > 0:
+                self._at(self.setup.share_interval_s, _SHARE_TICK, None)
             if self.setup.share_down is not None:
                 self._at(self.setup.share_down[0], _SHARE_DOWN, None)
                 self._at(self.setup.share_down[1], _SHARE_UP, None)
@@ -288,6 +299,7 @@ class Cluster:
             "engines": self.engines,
             "duration_s": self.now,
             "share": self._share_summary(),
+            "overfilled": dict(self.overfilled),
             # Replica 0's policies: the report reads their load-bound record.
             "policies": {name: pool.policy for name, pool in self.dispatchers[0].pools.items()},
         }
@@ -315,8 +327,10 @@ class Cluster:
                 self._scrape()
                 if self._busy():
                     self._at(t + self.setup.scrape_s, _SCRAPE, None)
-            elif kind == _SHARE_SEND:
-                self._share_send(data)
+            elif kind == _SHARE_TICK:
+                self._collect_learned()
+                if self._busy():
+                    self._at(t + self.setup.share_interval_s, _SHARE_TICK, None)
             elif kind == _SHARE_ARRIVE:
                 self._share_arrive(data)
             elif kind == _SHARE_DOWN:
@@ -329,7 +343,7 @@ class Cluster:
                 self._share_full()
                 if self._busy():
                     self._at(t + self.setup.share_full_s, _SHARE_FULL, None)
-            if self.sharing:
+            if self.sharing and self.setup.share_interval_s <= 0:
                 self._collect_learned()
 
     def _busy(self) -> bool:
@@ -462,6 +476,7 @@ class Cluster:
                 pass
 
     def _start(self, dispatch: Dispatch) -> None:
+        self._check_fill(dispatch.engine.id)
         rec = self.records[dispatch.request.id]
         rec.dispatch = dispatch
         tr = rec.trace
@@ -540,23 +555,40 @@ class Cluster:
 
     # -- replicas sharing what they learn ---------------------------------------------------
 
-    def _collect_learned(self, full: bool = False) -> None:
-        interval = self.setup.share_interval_s
+    def _collect_learned(self) -> None:
+        """Every replica's publisher: what it has to tell since its previous batch goes out now."""
+        full, self._full_due = self._full_due, False
         for replica, dispatcher in enumerate(self.dispatchers):
             learned = dispatcher.take_learned(full)
-            if not learned:
-                continue
-            waiting = self._outgoing[replica]
-            if waiting is None:
-                self._outgoing[replica] = learned
-                send_at = math.floor(self.now / interval + 1) * interval if interval > 0 else self.now
-                self._at(send_at, _SHARE_SEND, replica)
-            else:
-                waiting.merge(learned)
+            if learned:
+                self._share_send(replica, learned)
+
+    def _check_fill(self, engine_id: str) -> None:
+        if not self.setup.admission.enabled:
+            return
+        running = sum(state.inflight for d in self.dispatchers if (state := d.engine(engine_id)) is not None)
+        excess = running - math.ceil(max(d.limits[engine_id].limit for d in self.dispatchers))
+        if excess > 0:
+            self.overfilled["dispatches"] += 1
+            self.overfilled["max_excess"] = max(self.overfilled["max_excess"], excess)
+
+    def _hear_each_other(self) -> None:
+        """Every replica hears of the others, then a round of full batches: each holds its even share."""
+        ids = [replica.to_bytes(16, "big") for replica in range(len(self.dispatchers))]
+        for replica, dispatcher in enumerate(self.dispatchers):
+            for other, publisher in enumerate(ids):
+                if other != replica:
+                    dispatcher.learn(Batch(publisher, 0, 0.0, 64, Learned([], {}, True)), 0.0)
+        for replica, dispatcher in enumerate(self.dispatchers):
+            self._sequence[replica] += 1
+            batch = Batch(ids[replica], self._sequence[replica], 0.0, 64, dispatcher.take_learned(True))
+            self._share_arrive((replica, batch))
 
     def _share_full(self) -> None:
-        """Every replica's heartbeat: all its pending prefill; and receivers forget the silent."""
-        self._collect_learned(full=True)
+        """Every replica's heartbeat: its next batch lists all its load; and receivers forget the silent."""
+        self._full_due = True
+        if self.setup.share_interval_s <= 0:
+            self._collect_learned()
         for dispatcher in self.dispatchers:
             dispatcher.expire_peers(self.now, self.setup.share_silent_s)
 
@@ -572,9 +604,7 @@ class Cluster:
         if open_span is not None:
             open_span["until_s"] = round(now, 3)
 
-    def _share_send(self, replica: int) -> None:
-        learned, self._outgoing[replica] = self._outgoing[replica], None
-        assert learned is not None
+    def _share_send(self, replica: int, learned: Learned) -> None:
         if not self.share_up:
             return  # the server drops what it cannot publish (counted there)
         self._sequence[replica] += 1
@@ -590,8 +620,11 @@ class Cluster:
         if not self.share_up:
             return  # lost in transit with the channel
         for replica, dispatcher in enumerate(self.dispatchers):
-            if replica != sender:
+            if replica == sender:
+                dispatcher.heard_own(batch, batch.learned.serial)
+            else:
                 self.share_stats["applied"] += dispatcher.learn(batch, self.now)[0]
+            self._handle(dispatcher.admit_granted(self.now))
 
     def _share_summary(self) -> dict[str, Any] | None:
         if not self.sharing:
