@@ -97,11 +97,15 @@ def per_tenant(records: dict[str, Record], seconds: float) -> dict[str, dict[str
         row["refused"] += rec.rejected is not None
         if rec.done is not None:
             row["tokens"] += rec.req.prompt_tokens + rec.output_tokens
-    span = seconds - WARMUP_S
-    for row in out.values():
+    return rates_of(out, seconds - WARMUP_S)
+
+
+def rates_of(rows: dict[str, dict[str, Any]], span: float) -> dict[str, dict[str, Any]]:
+    """Each tenant's counts (``requests``, ``met``, ``refused``, ``tokens``) with its attainment and tokens/s."""
+    for row in rows.values():
         row["slo_attainment"] = round(row["met"] / row["requests"], 4) if row["requests"] else None
         row["tokens_per_s"] = round(row["tokens"] / span, 1)
-    return out
+    return rows
 
 
 def jain(values: list[float]) -> float:
@@ -122,16 +126,9 @@ def virtual(minutes: float) -> dict[str, Any]:
     c = capacity(seconds)
     share = c / len(TENANTS)
     progress(f"C = {c:.3f} req/s within budget; a tenant's share {share:.3f} req/s")
-    usual = dict.fromkeys(WELL_BEHAVED, 0.6 * share)
-    scenarios = {
-        "quiet": usual,
-        "noisy": {**usual, "noisy": 5 * share},
-        "backlogged": {**dict.fromkeys(WELL_BEHAVED, 2 * share), "noisy": 5 * share},
-        "alone": {"noisy": 5 * share},
-    }
     runs: dict[str, dict[str, Any]] = {}
     for mode in ("fair", "unfair"):
-        for name, rates in scenarios.items():
+        for name, rates in scenarios(share).items():
             progress(f"{mode} / {name}: {', '.join(f'{t} {r:.3f}/s' for t, r in rates.items())} ...")
             runs.setdefault(mode, {})[name] = per_tenant(simulate(rates, seconds, fair=mode == "fair"), seconds)
     summary: dict[str, Any] = {
@@ -143,10 +140,30 @@ def virtual(minutes: float) -> dict[str, Any]:
         "minutes": minutes,
         "capacity_rps": round(c, 4),
         "share_rps": round(share, 4),
-        "rates_rps": {name: {t: round(r, 4) for t, r in rates.items()} for name, rates in scenarios.items()},
+        "rates_rps": {name: {t: round(r, 4) for t, r in rates.items()} for name, rates in scenarios(share).items()},
         "wall_s": None,
+        **compare(runs, c * (INPUT + OUTPUT)),
     }
-    capacity_tokens = c * (INPUT + OUTPUT)
+    summary["wall_s"] = round(time.monotonic() - started, 1)
+    return summary
+
+
+def scenarios(share: float) -> dict[str, dict[str, float]]:
+    """Each scenario's request rate per tenant (see the module's runs), given a tenant's share."""
+    usual = dict.fromkeys(WELL_BEHAVED, 0.6 * share)
+    return {
+        "quiet": usual,
+        "noisy": {**usual, "noisy": 5 * share},
+        "backlogged": {**dict.fromkeys(WELL_BEHAVED, 2 * share), "noisy": 5 * share},
+        "alone": {"noisy": 5 * share},
+    }
+
+
+def compare(runs: dict[str, dict[str, Any]], capacity_tokens: float) -> dict[str, Any]:
+    """Per mode (``fair``, ``unfair``): per tenant its attainment with and without the noisy one, its
+    token share while all are backlogged, and Jain's index over shares per weight; from each mode's
+    scenarios' per-tenant rows (``per_tenant``)."""
+    summary: dict[str, Any] = {}
     for mode, by in runs.items():
         backlogged = by["backlogged"]
         total = sum(row["tokens"] for row in backlogged.values())
@@ -171,7 +188,6 @@ def virtual(minutes: float) -> dict[str, Any]:
             "noisy_alone_share_of_capacity": round(alone / capacity_tokens, 4) if capacity_tokens else None,
             "scenarios": by,
         }
-    summary["wall_s"] = round(time.monotonic() - started, 1)
     return summary
 
 
