@@ -14,7 +14,9 @@ Runs, side by side:
 - ``four_no_share``: four replicas that share nothing (each fills every limit alone), for contrast.
 
 Targets: with four replicas, interactive TTFT p99 and ITL p99 within 5 % of one replica's and batch
-goodput (output tokens/s) within 10 %; with the channel down mid-run, the budgets still hold.
+goodput (output tokens/s) within 10 %; with the channel down mid-run, the budgets still hold. Each
+run also counts the dispatches that left an engine with more requests than one replica would
+start there (``overfilled``: none with one replica).
 
     python benchmarks/fleet_admission.py [--minutes 10] [--out benchmarks/results/fleet_admission]
 """
@@ -46,6 +48,8 @@ def figures(result: dict) -> dict:
         "interactive_rejected_share": round(i["rejected"] / max(1, i["requests"]), 4),
         "batch_goodput_tokens_per_s": result["by_class"]["batch"]["output_tokens_per_s"],
         "safe_share_spans": (result.get("share") or {}).get("safe_share_spans"),
+        "overfilled_dispatches": result["overfilled"]["dispatches"],
+        "overfilled_max_excess": result["overfilled"]["max_excess"],
     }
 
 

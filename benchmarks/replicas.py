@@ -19,11 +19,13 @@ every engine. Three parts, each written to its own JSON under ``--out``:
   the trace (``gateway bench``), sharing on and off: the engines' own hit ratio, the bytes and the
   delay on the channel as the replicas' metrics count them, and the core's cost per fact.
 
-    python benchmarks/replicas.py [--parts matrix,options,realtime] [--minutes M] [--out DIR]
+    python benchmarks/replicas.py [--parts matrix,options,realtime] [--minutes M] [--only KEYS] [--out DIR]
 
 ``--minutes`` replays only the first M minutes in ``matrix`` (a quicker look; the committed results
-replay the whole hour). Writes ``matrix.json``, ``options.json``, ``realtime.json`` (every run's
-numbers, with the command that made them), ``summary.json`` and ``replicas.png``.
+replay the whole hour). ``--only 1x/4/precise,2x/4/precise`` runs only those cells of the matrix
+and adds them to the ``matrix.json`` already there. Writes ``matrix.json``, ``options.json``,
+``realtime.json`` (every run's numbers, with the command that made them), ``summary.json`` and
+``replicas.png``.
 """
 
 from __future__ import annotations
@@ -127,14 +129,18 @@ MODES = {
 
 # Which replica counts each mode runs at, in the order they run: the product first, so a run cut
 # short still has what matters.
-MATRIX_PLAN = (("shared", REPLICAS), ("unshared", (2, 8)), ("precise", (2, 8)), ("unshared", (4,)))
+MATRIX_PLAN = (("shared", REPLICAS), ("unshared", (2, 8)), ("precise", (2, 8)), ("unshared", (4,)), ("precise", (4,)))
 
 
-def matrix(minutes: float | None, path: Path) -> dict[str, Any]:
+def matrix(minutes: float | None, path: Path, only: set[str] | None = None) -> dict[str, Any]:
     span = ["--minutes", f"{minutes:g}"] if minutes else []
     plan = [(rate, n, mode) for mode, counts in MATRIX_PLAN for rate in RATES for n in counts]
-    runs = Runs(len(plan))
     out: dict[str, Any] = {"minutes": minutes or "whole trace", "oracle_hit_ratio": {}, "runs": {}}
+    if only is not None:
+        plan = [(rate, n, mode) for rate, n, mode in plan if f"{rate:g}x/{n}/{mode}" in only]
+        if path.exists():
+            out = json.loads(path.read_text())
+    runs = Runs(len(plan))
     for rate, n, mode in plan:
         argv = [*span, "--rate-scale", f"{rate:g}", "--replicas", str(n), *MODES[mode]]
         key = f"{rate:g}x"
@@ -534,6 +540,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default="matrix,options,realtime")
     parser.add_argument("--minutes", type=float, default=None, help="matrix: replay only the first M minutes")
+    parser.add_argument("--only", default=None, help="matrix: only these cells (rate/replicas/mode, comma-separated)")
     parser.add_argument("--option-minutes", type=float, default=OPTION_MINUTES, help="options: the first M minutes")
     parser.add_argument("--option-rates", default="1,2", help="options: rate scales")
     parser.add_argument("--option-replicas", default="2,8", help="options: replica counts (delays at the largest)")
@@ -551,15 +558,20 @@ def main() -> None:
             progress(f"{part} ...")
             part_started = time.monotonic()
             if part == "matrix":
-                results[part] = matrix(args.minutes, path)
+                only = None if args.only is None else {key.strip() for key in args.only.split(",")}
+                results[part] = matrix(args.minutes, path, only)
             elif part == "options":
                 rates = tuple(float(r) for r in args.option_rates.split(","))
                 counts = tuple(int(n) for n in args.option_replicas.split(","))
                 results[part] = options(args.option_minutes, rates, counts)
             else:
                 results[part] = realtime(args.realtime_minutes)
-            results[part]["command"] = "python benchmarks/replicas.py " + " ".join(sys.argv[1:])
-            results[part]["wall_s"] = round(time.monotonic() - part_started, 1)
+            command = "python benchmarks/replicas.py " + " ".join(sys.argv[1:])
+            wall_s = round(time.monotonic() - part_started, 1)
+            if part == "matrix" and args.only is not None and "command" in results[part]:
+                results[part].setdefault("added", []).append({"command": command, "wall_s": wall_s})
+            else:
+                results[part]["command"], results[part]["wall_s"] = command, wall_s
             path.write_text(json.dumps(results[part], indent=2))
         elif path.exists():
             results[part] = json.loads(path.read_text())  # the summary and plot cover the committed parts too

@@ -104,7 +104,10 @@ class Sample:
         return points
 
 
-async def stream_completion(client: httpx.AsyncClient, prompt: list[int], max_tokens: int) -> Sample:
+async def stream_completion(
+    client: httpx.AsyncClient, prompt: list[int], max_tokens: int, sample: Sample | None = None
+) -> Sample:
+    """One streamed completion; ``sample`` (when given) fills as chunks arrive, for a caller that watches it."""
     body = {
         "model": MODEL,
         "prompt": prompt,
@@ -115,7 +118,7 @@ async def stream_completion(client: httpx.AsyncClient, prompt: list[int], max_to
         "return_token_ids": True,
         "stream_options": {"include_usage": True},
     }
-    sample = Sample(prompt_tokens=len(prompt), sent_at=time.perf_counter())
+    sample = sample or Sample(prompt_tokens=len(prompt), sent_at=time.perf_counter())
     async with client.stream("POST", "/v1/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():

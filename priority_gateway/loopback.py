@@ -1,4 +1,4 @@
-"""Real processes on loopback: simulated engines and gateways, each in its own process group.
+"""Real processes on loopback: simulated engines, gateways and ``redis-server``, each in its own process group.
 
 For the test suite and the benchmarks, which run the gateway as users do (real processes, real
 HTTP) and must not depend on each other: both import these from the installed package.
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 import yaml
 
 
@@ -136,6 +137,61 @@ def start_gateway(
     path.write_text(yaml.safe_dump(config))
     cmd = [sys.executable, "-m", "priority_gateway", "serve", "--config", str(path), "--port", str(port)]
     return Proc(cmd, f"http://127.0.0.1:{port}", tmp / f"gateway-{port}.log", env=env, cwd=cwd).start()
+
+
+class RedisServer:
+    """A ``redis-server`` on a free loopback port with its own data directory, no snapshots (with
+    ``durable``, the append-only file synced on every write); ``kill`` then ``start``, or ``restart``,
+    keeps its port and data directory."""
+
+    def __init__(self, tmp: Path, binary: str = "redis-server", durable: bool = False) -> None:
+        self.binary = binary
+        self.dir = tmp / f"redis-{free_port()}"
+        self.dir.mkdir(parents=True)
+        self.port = free_port()
+        self.durable = durable
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: Proc | None = None
+
+    def _cmd(self) -> list[str]:
+        cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
+        cmd += ["--save", "", "--protected-mode", "no"]
+        if self.durable:
+            cmd += ["--appendonly", "yes", "--appendfsync", "always"]
+        return cmd
+
+    def start(self) -> RedisServer:
+        """Start it and wait until it answers PING."""
+        self.proc = Proc(self._cmd(), self.url, self.dir / "redis.log").start()
+        deadline = time.monotonic() + 10
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        try:
+            while True:
+                try:
+                    if client.ping():
+                        return self
+                except redis.exceptions.RedisError:
+                    if time.monotonic() > deadline or not self.proc.alive:
+                        raise RuntimeError(f"redis-server did not start:\n{self.proc.log()}") from None
+                    time.sleep(0.05)
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill(signal.SIGKILL)
+            self.proc.stop()
+
+    def restart(self) -> RedisServer:
+        self.kill()
+        return self.start()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port)
 
 
 def rss_bytes(proc: Proc) -> int:

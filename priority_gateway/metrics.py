@@ -144,6 +144,8 @@ class StateSource(Protocol):
 
     def concurrency_limits(self) -> dict[str, float]: ...
 
+    def held_slots(self) -> dict[str, int]: ...
+
 
 class _StateCollector(Collector):
     def __init__(self, state: StateSource) -> None:
@@ -160,12 +162,21 @@ class _StateCollector(Collector):
             "or this replica's safe share of it while the routing channel is down.",
             labels=("pool", "engine"),
         )
+        held = GaugeMetricFamily(
+            "gateway_engine_held_slots",
+            "Slots of the engine this replica holds, as the replicas agree through the routing channel: it fills"
+            " no more (only while it hears other replicas).",
+            labels=("pool", "engine"),
+        )
         limits = self.state.concurrency_limits()
+        holdings = self.state.held_slots()
         for engine in self.state.engines():
             inflight.add_metric((engine.pool, engine.id), engine.inflight)
             healthy.add_metric((engine.pool, engine.id), 1.0 if engine.healthy else 0.0)
             if engine.id in limits:
                 limit.add_metric((engine.pool, engine.id), limits[engine.id])
+            if engine.id in holdings:
+                held.add_metric((engine.pool, engine.id), holdings[engine.id])
         depth = GaugeMetricFamily("gateway_queue_depth", "Requests waiting in the gateway.", labels=("pool", "class"))
         for (pool, cls), n in self.state.queue_depths().items():
             depth.add_metric((pool, cls), n)
@@ -213,4 +224,4 @@ class _StateCollector(Collector):
         )
         for pool, value in self.state.prefix_hit_estimates().items():
             ratio.add_metric((pool,), value)
-        yield from (inflight, healthy, limit, depth, ratio, kv, requests, pending, peers, lora)
+        yield from (inflight, healthy, limit, held, depth, ratio, kv, requests, pending, peers, lora)

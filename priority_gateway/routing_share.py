@@ -12,6 +12,12 @@ Rules:
   what the others said (``Dispatcher.lost_peers``) and routes on its own knowledge, drops what it
   would have sent (counted), sets ``gateway_routing_share_up`` to 0 and logs
   ``routing_share_lost`` once; it subscribes again with backoff and logs ``routing_share_resumed``.
+- Redis delivers every batch to every subscriber in one order, this replica's own included: its own
+  batches come back to the dispatcher (``heard_own``, with the serial of the ``take_learned`` they
+  carried) so that every replica applies the slots claimed in them in the same order
+  (``core/holdings.py``); slots granted start queued requests at once (``on_granted``).
+- A replica that has just started admits its safe share until ``full_s`` after the channel first
+  works (it has then heard every other replica's full batch, and what it holds).
 - Admission counts the others' in-flight through the channel; while it is down each replica admits
   at most its safe share of every engine's limit (``core/safe_share.py``): entering logs
   ``admission_safe_share`` with the replicas the limit is split among, and sets
@@ -39,6 +45,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -52,6 +59,7 @@ from priority_gateway.metrics import GatewayMetrics
 
 LOG_EVERY_S = 10.0
 MAX_BACKOFF_S = 5.0
+MAX_UNHEARD = 1024  # own batches remembered until heard back
 
 
 class RoutingShare:
@@ -62,8 +70,10 @@ class RoutingShare:
         dispatcher: Dispatcher,
         metrics: GatewayMetrics,
         block_chars: int,
+        on_granted: Callable[[], None] | None = None,
     ) -> None:
         self.url = url
+        self.on_granted = on_granted
         self.settings = settings
         self.dispatcher = dispatcher
         self.metrics = metrics
@@ -75,6 +85,7 @@ class RoutingShare:
         self._sequence = 0
         self._tenant_sequence = 0
         self._unsent: Learned | None = None
+        self._serials: dict[int, int] = {}  # sequence number of a batch sent -> its Learned.serial
         self._heard_self = time.monotonic()
         self._logged: dict[str, float] = {}
         self._publisher_client: aioredis.Redis | None = None
@@ -86,6 +97,7 @@ class RoutingShare:
         self.metrics.safe_share.set(0)
         self.dispatcher.safe_share.window_s = self.settings.replicas_window_s
         self.dispatcher.safe_share.settle_s = self.settings.full_s
+        self.dispatcher.share_joining()
         self._publisher_client = self._client()
         self._tasks = [
             asyncio.create_task(self._subscribe_loop(), name="routing share: subscribe"),
@@ -146,6 +158,8 @@ class RoutingShare:
             return
         if batch.publisher == self.publisher:
             self._heard_self = time.monotonic()
+            self.dispatcher.heard_own(batch, self._serials.pop(batch.sequence, 0))
+            self._granted()
             return
         metrics.share_batches.labels("received").inc()
         if batch.block_chars != self.block_chars:
@@ -155,6 +169,7 @@ class RoutingShare:
         metrics.share_delay.observe(max(0.0, time.time() - batch.sent_at))
         applied, missed = self.dispatcher.learn(batch, time.monotonic())
         metrics.share_facts.labels("applied").inc(applied)
+        self._granted()
         if missed:
             metrics.share_batches.labels("missed").inc(missed)
             self._log_now("routing_share_missed", batches=missed, publisher=batch.publisher.hex()[:8])
@@ -198,6 +213,9 @@ class RoutingShare:
                 self.metrics.share_batches.labels("dropped").inc()
                 continue
             data = encode(Batch(self.publisher, self._sequence + 1, time.time(), self.block_chars, learned))
+            self._serials[self._sequence + 1] = learned.serial
+            while len(self._serials) > MAX_UNHEARD:
+                del self._serials[next(iter(self._serials))]
             assert self._publisher_client is not None
             try:
                 await self._publisher_client.publish(settings.channel, data)
@@ -245,6 +263,10 @@ class RoutingShare:
                 effect="each tenant's fair share counts this replica's requests only, until the channel is back",
             )
 
+    def _granted(self) -> None:
+        if self.on_granted is not None:
+            self.on_granted()
+
     # -- state ----------------------------------------------------------------------------
 
     def _resumed(self) -> None:
@@ -260,6 +282,7 @@ class RoutingShare:
     def _lost(self, reason: str) -> None:
         was = self._state
         self.up = False
+        self._serials.clear()
         self.metrics.share_up.set(0)
         if self.dispatcher.lost_peers(time.monotonic()):
             replicas = self.dispatcher.safe_share.replicas

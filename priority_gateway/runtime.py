@@ -158,7 +158,14 @@ class Gateway:
         share = config.prefix.share
         if config.store == "memory" or not share.enabled:
             return None
-        return RoutingShare(config.store, share, self.dispatcher, self.metrics, config.prefix.block_chars)
+        return RoutingShare(
+            config.store,
+            share,
+            self.dispatcher,
+            self.metrics,
+            config.prefix.block_chars,
+            on_granted=self.scheduler.admit_granted,
+        )
 
     def _engine_watched(self, engine_id: str, pool: str) -> None:
         feed = self.kv_feeds.get(pool)

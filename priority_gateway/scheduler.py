@@ -86,6 +86,10 @@ class Scheduler:
 
     # -- the poll loop ---------------------------------------------------------------------
 
+    def admit_granted(self) -> None:
+        """Other replicas granted this one slots: start what they let start."""
+        self._apply(self.dispatcher.admit_granted(time.monotonic()))
+
     def poll(self) -> None:
         decided = self.dispatcher.poll(time.monotonic())
         self._apply(decided)

@@ -14,13 +14,19 @@ order given) and writes, under ``--out``:
   before one engine and (``engines_4``) before four.
 - ``calibration.json`` / ``calibration.png``: the single-engine phases and the step-time fit
   (``vllm_calibration.fit_report``) that ``engines/sim/profiles/h200-7b-bf16.yaml`` holds.
-- ``sim_vs_real.json`` / ``sim_vs_real.png``: the profile's predictions for the same workloads
-  (a single-engine closed loop; the routing runs through ``gateway sim``'s cluster with the
-  device's four engines on one GPU), against the measurements, with the bounds of the check.
+- ``mixed_steps.json`` / ``mixed_steps.png`` (with ``--mixed``, the sitting of ``--plan mixed``):
+  steps that mix a prefill with decodes and the decode tail, and the fit of the profile's step
+  terms to them (``fit_mixed.py``) that ``h200-7b-bf16`` holds.
+- ``sim_vs_real.json`` / ``sim_vs_real.png``: the predictions for the same workloads (single-engine
+  closed loops; the routing runs through ``gateway sim``'s cluster with the device's four engines on
+  one GPU, and with a GPU each) of the profile fitted to isolated parts only
+  (``h200-7b-bf16-isolated.yaml``) and of ``h200-7b-bf16``, side by side, against the measurements,
+  with the bounds of the check.
 - ``raw/``: every run's ``gateway bench`` results and the commands that made them.
 
     .venv/bin/python benchmarks/gpu/analyze.py --res /tmp/gpures/s1/res --res /tmp/gpures/s2/res \
-        --out benchmarks/results/gpu
+        --mixed /tmp/gpures/s3/res --out benchmarks/results/gpu
+    .venv/bin/python benchmarks/gpu/analyze.py --sim-only --mixed /tmp/gpures/s3/res   # the committed summaries
 """
 
 from __future__ import annotations
@@ -37,17 +43,21 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 
+import fit_mixed  # noqa: E402
 import numpy as np  # noqa: E402
 import vllm_calibration as vc  # noqa: E402
 
 from priority_gateway.core.classes import INTERACTIVE, Budget  # noqa: E402
-from priority_gateway.engines.sim.profile import load_profile  # noqa: E402
+from priority_gateway.engines.sim.profile import Profile, load_profile  # noqa: E402
 from priority_gateway.engines.sim.sweep import run_level  # noqa: E402
 from priority_gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup  # noqa: E402
 from priority_gateway.simulate.traces import load_trace, scale_blocks  # noqa: E402
 
 PROFILE = "h200-7b-bf16"
+# The profile as fitted to isolated prefills and decodes only, before the mixed-step fit: the baseline.
+ISOLATED = ROOT / "benchmarks/results/gpu/h200-7b-bf16-isolated.yaml"
 ENGINES = 4
 BOUNDS = {"ttft_p50_ms": 0.15, "output_tokens_per_s": 0.15, "itl_p99_ms": 0.25}
 FRONTS = {
@@ -313,14 +323,7 @@ def fit_overlap(raw: dict, weights_ms: float = 3.2) -> dict[str, Any]:
             for (ttft, _, n, pairs, prompt), dev in zip(points, device_bound, strict=True)
         ])  # fmt: skip
         y = np.array([p[1] for p in points])
-        active = list(range(len(terms)))
-        while True:
-            solution, *_ = np.linalg.lstsq(x[:, active] / y[:, None], np.ones(len(y)), rcond=None)
-            negative = [i for i, v in zip(active, solution, strict=True) if v < 0]
-            if not negative:
-                break
-            active.remove(negative[0])
-        coef = dict.fromkeys(terms, 0.0) | {terms[i]: float(v) for i, v in zip(active, solution, strict=True)}
+        coef = fit_mixed.relative_lstsq(x, y, terms, list(range(len(terms))))
         guess = [
             max(weights_ms, coef["prefill_ms_per_token"] * n + coef["prefill_ms_per_pair"] * pairs) > coef["host_ms"]
             for _, _, n, pairs, _ in points
@@ -371,9 +374,8 @@ def _compare(real: dict[str, float], sim: dict[str, float]) -> dict[str, Any]:
     return row
 
 
-def simulate_trace(kind: str, policy: str, engines_per_device: int) -> dict[str, float]:
+def simulate_trace(kind: str, policy: str, engines_per_device: int, profile: Profile) -> dict[str, float]:
     """The routing workload through the gateway's core and simulated engines, in virtual time."""
-    profile = load_profile(PROFILE)
     if kind == "hot":
         spec = "hot:rate=6,prompts=128,prompt_len=1536,user_len=256,output=64,zipf=1.1,minutes=1"
         trace = load_trace(Path(spec), INTERACTIVE)
@@ -404,17 +406,39 @@ def simulate_trace(kind: str, policy: str, engines_per_device: int) -> dict[str,
     }
 
 
-def sim_vs_real(calib: dict, routing_data: dict) -> dict[str, Any]:
-    profile = load_profile(PROFILE)
-    out: dict[str, Any] = {"profile": PROFILE, "bounds": BOUNDS, "single_engine_closed_loop": {}, "routing": {}}
-    for row in calib["closed_loop"]:
-        level = run_level(profile, row["concurrency"], 1000, 64, spread=0.0)
-        real = {
-            "ttft_p50_ms": row["ttft_p50_ms"],
-            "itl_p99_ms": row["itl_p99_ms"],
-            "output_tokens_per_s": row["output_tok_s"],
-        }
-        out["single_engine_closed_loop"][str(row["concurrency"])] = _compare(real, level)
+def closed_loops(calib: dict, mixed_res: Path | None) -> dict[str, list[dict]]:
+    """The single-engine closed loops measured, by where: the first sitting's (three more engines idle
+    on the GPU) and, with the mixed sitting, its single-engine phases' and its held-out levels (one
+    engine alone)."""
+    loops = {"1 engine": calib["closed_loop"]}
+    if mixed_res is not None:
+        alone = mixed_res / "calibration"
+        if (alone / "calibration.json").exists():
+            loops["1 engine alone"] = json.loads((alone / "calibration.json").read_text())["closed_loop"]
+        if (alone / "mixed.json").exists():
+            loops["1 engine alone, held out"] = json.loads((alone / "mixed.json").read_text())["closed_loop"]
+    return loops
+
+
+def sim_vs_real(loops: dict[str, list[dict]], routing_data: dict, profiles: dict[str, Profile]) -> dict[str, Any]:
+    """Each workload the device ran, simulated with each profile (``isolated``: fitted to isolated
+    prefills and decodes; ``mixed``: to steps that mix them, with the step tail), side by side."""
+    out: dict[str, Any] = {
+        "profiles": {label: p.name for label, p in profiles.items()},
+        "bounds": BOUNDS,
+        "single_engine_closed_loop": {},
+        "routing": {},
+    }
+    for where, rows in loops.items():
+        for row in rows:
+            real = {
+                "ttft_p50_ms": row["ttft_p50_ms"],
+                "itl_p99_ms": row["itl_p99_ms"],
+                "output_tokens_per_s": row["output_tok_s"],
+            }
+            entry = out["single_engine_closed_loop"].setdefault(f"{where}, c={row['concurrency']}", {})
+            for label, profile in profiles.items():
+                entry[label] = _compare(real, run_level(profile, row["concurrency"], 1000, 64, spread=0.0))
     compared = (
         ("hot", "ours-prefix", "prefix"),
         ("hot", "ours-rr", "round_robin"),
@@ -425,14 +449,15 @@ def sim_vs_real(calib: dict, routing_data: dict) -> dict[str, Any]:
         measured = routing_data.get(kind, {}).get("median_by_front", {}).get(front)
         if not measured:
             continue
-        for per_device, label in ((ENGINES, "one GPU shared by 4 engines"), (1, "a GPU per engine")):
-            sim = simulate_trace(kind, policy, per_device)
-            entry = _compare(measured, sim)
-            entry["cached_token_ratio"] = {
-                "real": measured["cached_token_ratio"],
-                "simulated": round(sim["cached_token_ratio"], 4),
-            }
-            out["routing"].setdefault(f"{kind} {front}", {})[label] = entry
+        for per_device, where in ((ENGINES, "one GPU shared by 4 engines"), (1, "a GPU per engine")):
+            entry = out["routing"].setdefault(f"{kind} {front}", {}).setdefault(where, {})
+            for label, profile in profiles.items():
+                sim = simulate_trace(kind, policy, per_device, profile)
+                entry[label] = _compare(measured, sim)
+                entry[label]["cached_token_ratio"] = {
+                    "real": measured["cached_token_ratio"],
+                    "simulated": round(sim["cached_token_ratio"], 4),
+                }
     return out
 
 
@@ -505,60 +530,128 @@ def plot_sim(data: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows: list[tuple[str, dict]] = [(f"1 engine, c={c}", v) for c, v in data["single_engine_closed_loop"].items()]
+    rows: list[tuple[str, dict]] = list(data["single_engine_closed_loop"].items())
     rows += [(f"{name}\n({where})", v) for name, by in data["routing"].items() for where, v in by.items()]
-    fig, axes = plt.subplots(1, len(BOUNDS), figsize=(17, 0.5 * len(rows) + 2.5), sharey=True)
+    labels = list(data["profiles"])
+    height = 0.8 / len(labels)
+    fig, axes = plt.subplots(1, len(BOUNDS), figsize=(17, 0.6 * len(rows) + 2.5), sharey=True)
     for ax, (key, bound) in zip(axes, BOUNDS.items(), strict=True):
-        ratios = [v.get(key, {}).get("sim_over_real", float("nan")) for _, v in rows]
-        colors = ["tab:green" if v.get(key, {}).get("within") else "tab:red" for _, v in rows]
-        ax.barh(range(len(rows)), ratios, color=colors)
+        for k, (label, hatch) in enumerate(zip(labels, ("//", ""), strict=False)):
+            ratios = [v[label].get(key, {}).get("sim_over_real", float("nan")) for _, v in rows]
+            colors = ["tab:green" if v[label].get(key, {}).get("within") else "tab:red" for _, v in rows]
+            ys = [i + (k - (len(labels) - 1) / 2) * height for i in range(len(rows))]
+            ax.barh(ys, ratios, height=height, color=colors, hatch=hatch, edgecolor="k", lw=0.3, label=label)
         ax.axvspan(1 - bound, 1 + bound, color="tab:green", alpha=0.15)
         ax.axvline(1.0, color="k", lw=0.8)
         ax.set_title(f"{key}: simulated / real (band ±{bound:.0%})", fontsize=10)
         ax.set_yticks(range(len(rows)), [name for name, _ in rows], fontsize=7)
-    fig.suptitle(f"Simulator ({PROFILE}) against the device", fontsize=11)
+    from matplotlib.patches import Patch
+
+    handles = [
+        Patch(facecolor="white", edgecolor="k", hatch=h, label=label)
+        for label, h in zip(labels, ("//", ""), strict=False)
+    ]
+    handles += [Patch(color="tab:green", label="within the band"), Patch(color="tab:red", label="outside")]
+    axes[0].legend(handles=handles, fontsize=8, loc="lower right")
+    fig.suptitle(f"Simulator against the device: {', '.join(data['profiles'].values())}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--res", type=Path, action="append", default=[], help="an unpacked res/ folder, once per sitting")
+    p.add_argument("--mixed", type=Path, default=None, help="the res/ folder of the mixed sitting (--plan mixed)")
     p.add_argument(
-        "--res", type=Path, action="append", required=True, help="an unpacked res/ folder, once per sitting, in order"
+        "--sim-only",
+        action="store_true",
+        help="no --res: the simulator check against the committed routing.json and calibration.json in --out",
     )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/gpu")
     args = p.parse_args()
-    raw = args.out / "raw"
+    if args.sim_only:
+        route = json.loads((args.out / "routing.json").read_text())
+        calib = json.loads((args.out / "calibration.json").read_text())
+    elif args.res:
+        route, calib = summarize(args.res, args.out)
+    else:
+        p.error("give --res (once per sitting) or --sim-only")
+    if args.mixed is not None:
+        mixed_steps(args.mixed, args.out)
+    profiles = {"isolated": load_profile(str(ISOLATED)), "mixed": load_profile(PROFILE)}
+    sim = sim_vs_real(closed_loops(calib, args.mixed), route, profiles)
+    (args.out / "sim_vs_real.json").write_text(json.dumps(sim, indent=1) + "\n")
+    plot_sim(sim, args.out / "sim_vs_real.png")
+    print(f"wrote {args.out / 'sim_vs_real'}.json", file=sys.stderr)
+
+
+def mixed_steps(res: Path, out: Path) -> None:
+    """The mixed sitting: its raw data, the fit of the profile's step terms to it, and a plot."""
+    folder = res / "calibration"
+    mixed = json.loads((folder / "mixed.json").read_text())
+    single = json.loads((folder / "calibration.json").read_text()) if (folder / "calibration.json").exists() else None
+    fitted = fit_mixed.fit(mixed, single)
+    raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    route = routing(args.res, raw)
-    (args.out / "routing.json").write_text(json.dumps(route, indent=1) + "\n")
-    plot_routing(route, args.out / "routing.png")
-    first = args.res[0]  # admission and calibration ran in the first sitting
+    (raw / "mixed.json").write_text(json.dumps(slim_metrics(mixed), separators=(",", ":")) + "\n")
+    if single is not None:
+        shutil.copy(folder / "calibration.json", raw / "calibration-alone.json")
+    record = {"engine": (res / "engines" / "engine1.cmd").read_text().strip(), "fit": fitted}
+    (out / "mixed_steps.json").write_text(json.dumps(record, indent=1) + "\n")
+    fit_mixed.plot(mixed, fitted, out / "mixed_steps.png")
+    print(f"wrote {out / 'mixed_steps'}.json", file=sys.stderr)
+
+
+def slim_metrics(mixed: dict) -> dict:
+    """``mixed.json`` with only the metric samples that changed between a level's scrapes (or the
+    phase's), and no ``_created`` timestamps: what a delta needs."""
+
+    def changed(scrapes: list[dict[str, float]]) -> list[dict[str, float]]:
+        keys = {k for scrape in scrapes for k in scrape if "_created" not in k}
+        keep = {k for k in keys if len({scrape.get(k) for scrape in scrapes}) > 1}
+        return [{k: v for k, v in scrape.items() if k in keep} for scrape in scrapes]
+
+    out = dict(mixed)
+    out["metrics_before"], out["metrics_after"] = changed([mixed["metrics_before"], mixed["metrics_after"]])
+    out["levels"] = []
+    for level in mixed["levels"]:
+        names = list(level["metrics"])
+        slim = changed([level["metrics"][n] for n in names])
+        out["levels"].append({**level, "metrics": dict(zip(names, slim, strict=True))})
+    return out
+
+
+def summarize(sittings: list[Path], out: Path) -> tuple[dict, dict]:
+    """Routing, admission, relay and calibration of the sittings; returns routing and calibration."""
+    raw = out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    route = routing(sittings, raw)
+    (out / "routing.json").write_text(json.dumps(route, indent=1) + "\n")
+    plot_routing(route, out / "routing.png")
+    first = sittings[0]  # admission and calibration ran in the first sitting
     adm = admission(first, raw)
-    (args.out / "admission.json").write_text(json.dumps(adm, indent=1) + "\n")
-    plot_admission(adm, args.out / "admission.png")
+    (out / "admission.json").write_text(json.dumps(adm, indent=1) + "\n")
+    plot_admission(adm, out / "admission.png")
     relays: dict[str, Any] = {"one_engine": {}}
-    for sitting, res in enumerate(args.res, 1):
+    for sitting, res in enumerate(sittings, 1):
         if one := relay(res, raw, "" if sitting == 1 else f"s{sitting}-"):
             relays["one_engine"][f"sitting {sitting}"] = one
         if more := relay_engines(res, raw):
             relays["engines_4"] = {"sitting": sitting, **more}
-    (args.out / "relay.json").write_text(json.dumps(relays, indent=1) + "\n")
+    (out / "relay.json").write_text(json.dumps(relays, indent=1) + "\n")
     calib = calibration(first)
-    (args.out / "calibration.json").write_text(json.dumps(calib, indent=1) + "\n")
-    vc.plot(calib, calib["fit"], args.out / "calibration.png")
-    sim = sim_vs_real(calib, route)
-    (args.out / "sim_vs_real.json").write_text(json.dumps(sim, indent=1) + "\n")
-    plot_sim(sim, args.out / "sim_vs_real.png")
+    (out / "calibration.json").write_text(json.dumps(calib, indent=1) + "\n")
+    vc.plot(calib, calib["fit"], out / "calibration.png")
     commands = {
         "engine": (first / "engines" / "engine1.cmd").read_text().strip(),
         "plan_log": [
-            (res / "plan.log").read_text().splitlines() if (res / "plan.log").exists() else [] for res in args.res
+            (res / "plan.log").read_text().splitlines() if (res / "plan.log").exists() else [] for res in sittings
         ],
     }
     (raw / "commands.json").write_text(json.dumps(commands, indent=1) + "\n")
-    for name in ("routing", "admission", "relay", "calibration", "sim_vs_real"):
-        print(f"wrote {args.out / name}.json", file=sys.stderr)
+    for name in ("routing", "admission", "relay", "calibration"):
+        print(f"wrote {out / name}.json", file=sys.stderr)
+    return route, calib
 
 
 if __name__ == "__main__":

@@ -380,15 +380,19 @@ def route(setup: Setup, workload: Workload, front: str, repeat: bool = False) ->
     log(summary_line(f"route {workload.name} {front}", results))
 
 
-def calibrate(setup: Setup) -> None:
+def calibrate(setup: Setup, phases: str = "single") -> None:
+    """``calibrate.py``'s phases against the first engine: ``single`` (calibration.json) or ``mixed`` (mixed.json)."""
     folder = RES / "calibration"
     folder.mkdir(parents=True, exist_ok=True)
     reset_caches(setup.urls)
-    cmd = [setup.python, str(HERE / "calibrate.py"), "--url", setup.urls[0], "--model", MODEL]
-    cmd += ["--out", str(folder / "calibration.json")] + (["--quick"] if setup.dry else [])
-    with open(folder / "calibrate.log", "ab") as sink:
-        subprocess.run(cmd, env=setup.env, stdout=sink, stderr=subprocess.STDOUT, timeout=300, check=False)
-    log(f"calibration written: {(folder / 'calibration.json').exists()}")
+    name = "calibration" if phases == "single" else phases
+    save_metrics(setup.urls[:1], folder, f"{name}-before")
+    cmd = [setup.python, str(HERE / "calibrate.py"), "--url", setup.urls[0], "--model", MODEL, "--phases", phases]
+    cmd += ["--out", str(folder / f"{name}.json")] + (["--quick"] if setup.dry else [])
+    with open(folder / f"{name}.log", "ab") as sink:
+        subprocess.run(cmd, env=setup.env, stdout=sink, stderr=subprocess.STDOUT, timeout=420, check=False)
+    save_metrics(setup.urls[:1], folder, f"{name}-after")
+    log(f"{name} written: {(folder / f'{name}.json').exists()}")
 
 
 INTERACTIVE_BUDGET = {"ttft_p99_ms": 1000, "itl_p99_ms": 100}
@@ -512,7 +516,76 @@ def relay_direct_spread(setup: Setup, urls: list[str], folder: Path, seconds: fl
 # -- the plan -------------------------------------------------------------------------------------
 
 
+# The fleet plan: issue-scale real-time benchmarks (several gateway replicas on one redis-server,
+# tenants sharing a pool) run as they run on CPU, against the device's engines: engines 1-2 are the
+# interactive pool and 3-4 the batch pool. Budgets suit eager 7B engines sharing one GPU.
+FLEET_BUDGET = ["--budget-ms", "1000,100"]
+
+
+def redis_binary(setup: Setup) -> tuple[str, dict[str, str]]:
+    """The redis-server to start, and the environment it needs: on the device, Debian's packages
+    carried as .deb files (``.gpu/redis``) unpacked under the work folder, with their libraries."""
+    if setup.dry:
+        return shutil.which("redis-server") or "redis-server", {}
+    root = WORK / "redis"
+    if not (root / "usr/bin/redis-server").exists():
+        debs = sorted(Path(os.environ.get("GPU_REDIS_DEBS", PROJ / ".gpu/redis")).glob("*.deb"))
+        for deb in debs:
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    libs = str(root / "usr/lib/x86_64-linux-gnu")
+    return str(root / "usr/bin/redis-server"), {"LD_LIBRARY_PATH": libs}
+
+
+def realtime_script(setup: Setup, name: str, script: str, args: list[str], limit_s: float) -> None:
+    """Run one of the project's real-time benchmarks against the engines, its results under ``name``."""
+    folder = RES / name
+    folder.mkdir(parents=True, exist_ok=True)
+    redis, extra = redis_binary(setup)
+    env = {**setup.env, **extra, "PYTHONUNBUFFERED": "1"}
+    cmd = [setup.python, str(PROJ / "benchmarks" / script), *args, "--redis-server", redis, "--out", str(folder)]
+    (folder / "command.txt").write_text(" ".join(cmd) + "\n")
+    reset_caches(setup.urls)
+    with open(folder / "bench.log", "ab") as sink:
+        proc = subprocess.Popen(cmd, env=env, cwd=PROJ, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(limit_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise RuntimeError(f"{script} ran past {limit_s:.0f} s") from None
+    if proc.returncode:
+        raise RuntimeError(f"{script} exited {proc.returncode}: see {folder / 'bench.log'}")
+
+
+def fleet_steps(setup: Setup) -> list[tuple[str, float, Callable[[], None]]]:
+    urls = setup.urls
+    half = len(urls) // 2
+    pools = [f"interactive={','.join(urls[:half])}", f"batch={','.join(urls[half:])}"]
+    minutes = max(0.5, 0.75 * setup.time_scale)
+    fleet = ["--engines", *pools, "--replicas", "4", "--repeats", "2", "--minutes", f"{minutes:g}"]
+    fleet += ["--warmup-s", f"{setup.seconds(15):g}", "--rate", "2", "--input", "1024", "--output", "128"]
+    fleet += ["--flood", "192", *FLEET_BUDGET]
+    fleet_s = 2 * 3 * (minutes * 60 + 35)
+    fair_s = max(setup.seconds(35), 30.0)
+    fair = ["--engines", f"interactive={','.join(urls)}", "--seconds", f"{fair_s:g}", "--warmup-s", "10"]
+    fair += FLEET_BUDGET
+    fair_total = 9 * (fair_s + 20)
+    return [
+        (
+            "fleet admission",
+            fleet_s + 60,
+            lambda: realtime_script(setup, "fleet-admission", "fleet_admission_realtime.py", fleet, fleet_s + 240),
+        ),
+        (
+            "fairness",
+            fair_total + 30,
+            lambda: realtime_script(setup, "fairness", "fairness_realtime.py", fair, fair_total + 240),
+        ),
+    ]
+
+
 def plan_steps(setup: Setup, name: str) -> list[tuple[str, float, Callable[[], None]]]:
+    if name == "fleet":
+        return fleet_steps(setup)
     w = workloads(setup)
     hot_order = ["ours-prefix", "vllmr-ca", "vllmr-ca-tuned", "vllmr-rr"]
     mooncake_order = ["vllmr-ca-tuned", "vllmr-rr", "ours-prefix", "vllmr-ca"]  # rotated
@@ -526,6 +599,13 @@ def plan_steps(setup: Setup, name: str) -> list[tuple[str, float, Callable[[], N
     steps += [(f"admission {m}", setup.seconds(60) + 45, lambda m=m: admission(setup, m)) for m in ("pools", "shared")]
     steps.append(("relay", 3 * (2 * setup.seconds(8) + 25), lambda: relay(setup)))
     steps.append(("route hot ours-rr", w["hot"].duration_s + 25, lambda: route(setup, w["hot"], "ours-rr")))
+    if name == "mixed":
+        # One engine alone on the device: steps that mix prefill chunks with decodes and the tail of
+        # plain decode steps first, then the single-engine phases again (same engine, same sitting).
+        return [
+            ("calibrate mixed", 160 * setup.time_scale + 30, lambda: calibrate(setup, "mixed")),
+            ("calibrate", 100 * setup.time_scale + 20, lambda: calibrate(setup)),
+        ]
     if name == "repeat":
         # The second sitting: every front's second Mooncake run (the order rotated again against the
         # first's), gateway round robin on Mooncake, relay overhead before four engines, then more
@@ -571,7 +651,13 @@ def run_plan(setup: Setup, plan: str, budget_s: float) -> None:
     try:
         if not setup.dry:
             gpu_log = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=timestamp,index,utilization.gpu,memory.used", "--format=csv", "-l", "1"],
+                [
+                    "nvidia-smi",
+                    "--query-gpu=timestamp,index,utilization.gpu,memory.used,clocks.sm,power.draw",
+                    "--format=csv",
+                    "-l",
+                    "1",
+                ],
                 stdout=open(RES / "gpu.csv", "ab"),  # noqa: SIM115 - closed when nvidia-smi ends
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
@@ -635,7 +721,9 @@ def unpack(carry: Path) -> None:
         joined.unlink()
         log("bundle unpacked")
     router = WORK / "router"
-    if not router.is_dir():
+    if not (parts / "router.tar.xz").exists():
+        log("no vllm-router carried (prepare.sh ROUTER=0): plans with a router cannot run")
+    elif not router.is_dir():
         router.mkdir()
         subprocess.run(["tar", "-xJf", str(parts / "router.tar.xz"), "-C", str(router)], check=True)
     for wheel in parts.glob("*.whl"):  # a wheel is a zip of what goes on the path
@@ -687,7 +775,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", choices=("stage", "unpack", "launch", "wait", "plan", "run"))
     p.add_argument("--carry", type=Path, default=None, help="the carried folder of this call")
-    p.add_argument("--plan", default="full", choices=("full", "smoke", "repeat"))
+    p.add_argument("--plan", default="full", choices=("full", "smoke", "repeat", "mixed", "fleet"))
     p.add_argument("--budget-s", type=float, default=1300.0, help="the plan's whole time, engine start included")
     p.add_argument("--for-s", type=float, default=560.0, help="wait: follow the plan this long, then pack")
     p.add_argument("--deadline-in-s", type=float, default=None, help="wait: move the plan's deadline to now + this")

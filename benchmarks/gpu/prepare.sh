@@ -11,11 +11,14 @@
 # A call carries at most 64 MiB with the checkout's own files, so the bundle (vLLM 0.26.0 and the
 # packages the device lacks, xz -9e: ~98 MB) is split so that both calls fit with the same margin.
 # The bundle is built once (build_bundle.sh) and reused; W (default .gpu-build) keeps it.
+# ROUTER=0 leaves vllm-router out (plans without a router: `harness.py --plan mixed`), which frees
+# 15 MB of call 1 for the bundle.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 DEST=${1:?usage: prepare.sh DEST}
 W=${W:-$ROOT/.gpu-build}
+mkdir -p "$DEST"
 CHECKOUT=${CHECKOUT:-$(cd "$DEST/.." && git rev-parse --show-toplevel)}
 LIMIT=$((64 * 1024 * 1024))
 MARGIN=${MARGIN:-1500000}
@@ -28,7 +31,7 @@ TGT="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 
 rm -rf "$DEST/c1" "$DEST/c2"; mkdir -p "$DEST/c1" "$DEST/c2" "$W/extra"
 # vllm-router: the Python launcher, the extension (symbols stripped) and the libraries it links.
-if [ ! -f "$W/extra/router.tar.xz" ]; then
+if [ "${ROUTER:-1}" != 0 ] && [ ! -f "$W/extra/router.tar.xz" ]; then
   $PIP download -q $TGT -d "$W/extra" vllm-router==0.1.17
   rm -rf "$W/extra/router"; mkdir -p "$W/extra/router"
   (cd "$W/extra/router" && unzip -q ../vllm_router-0.1.17-*.whl 'vllm_router/*' 'vllm_router_rs.abi3.so' 'vllm_router.libs/*' \
@@ -36,10 +39,12 @@ if [ ! -f "$W/extra/router.tar.xz" ]; then
   tar -C "$W/extra/router" -cf - . | xz -T0 -9e > "$W/extra/router.tar.xz"
 fi
 $PIP download -q $TGT -d "$W/extra" orjson==3.13.0 redis==8.1.0
-cp "$W/extra/router.tar.xz" "$W"/extra/orjson-*.whl "$W"/extra/redis-*.whl "$DEST/c1/"
+cp "$W"/extra/orjson-*.whl "$W"/extra/redis-*.whl "$DEST/c1/"
+[ "${ROUTER:-1}" = 0 ] || cp "$W/extra/router.tar.xz" "$DEST/c1/"
 
 # This worktree's code (what git tracks under these paths, as it is now, committed or not).
-(cd "$ROOT" && git ls-files -co --exclude-standard gateway engines benchmarks/gpu benchmarks/vllm_calibration.py \
+(cd "$ROOT" && git ls-files -co --exclude-standard priority_gateway engines benchmarks/gpu benchmarks/vllm_calibration.py \
+  benchmarks/live_stack.py benchmarks/fairness.py benchmarks/fairness_realtime.py benchmarks/fleet_admission_realtime.py \
   pyproject.toml | tar -cf - -T - | xz -9 > "$DEST/c2/proj.tar.xz")
 (cd "$W" && sha256sum site.tar.xz > "$DEST/c2/SHA256SUMS")
 

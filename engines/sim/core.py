@@ -38,6 +38,8 @@ Scheduling rules (after ``vllm/v1/core/sched/scheduler.py``):
 - Engines that share a ``SharedDevice`` (several engines on one GPU) take turns on it: a step's
   device part starts when the device is free (in the order the steps asked for it) and after its
   host part, or with it when the profile's host overlaps the device; the step ends when both have.
+  A profile's serial and mixed-step costs come first, its step tail (drawn from the engine's
+  seeded RNG, one draw per step) last.
 - LoRA (``enable_lora``): a step's batch holds at most ``max_loras`` distinct adapters. Running
   requests are scheduled as above; a waiting request whose adapter is not among those already
   scheduled in this step while ``max_loras`` are is skipped (it keeps its place in the queue and
@@ -223,6 +225,8 @@ class EngineCore:
         self.lora_info: dict[tuple[str, str], float] = {}
         """``(running_lora_adapters, waiting_lora_adapters)`` -> end time of the last step that had them."""
         self._pending_lora_s = 0.0
+        # Its own stream, so that the tail does not shift the speculative draws (and back).
+        self._tail_rng = random.Random(f"step-tail/{seed}") if profile.timing.tail_quantiles_ms else None
 
     # -- gauges ----------------------------------------------------------------
 
@@ -393,15 +397,20 @@ class EngineCore:
                 decode_tokens += n
                 decode_seqs += 1
                 spec_in_step = spec_in_step or n > 1
-        host, device = self.profile.timing.split_s(prefill, decode_tokens, len(scheduled), context, pairs)
+        timing = self.profile.timing
+        host, device = timing.split_s(prefill, decode_tokens, len(scheduled), context, pairs)
         if spec_in_step:
             host *= self.profile.speculative.verify_cost_factor
             device *= self.profile.speculative.verify_cost_factor
-        overlap = self.profile.timing.host_overlaps_device
+        serial = timing.serial_s(prefill, decode_seqs)
+        start = now + serial
         if self.device is not None:
-            duration = max(host, self.device.run(now if overlap else now + host, device) - now)
+            ready = start if timing.host_overlaps_device else start + host
+            duration = serial + max(host, self.device.run(ready, device) - start)
         else:
-            duration = max(host, device) if overlap else host + device
+            duration = serial + (max(host, device) if timing.host_overlaps_device else host + device)
+        if self._tail_rng is not None:
+            duration += timing.tail_s(self._tail_rng.random())
         if self.lora_slots is not None:
             duration += self._pending_lora_s + self._lora_step_s(scheduled, result)
             self._pending_lora_s = 0.0

@@ -13,6 +13,21 @@ tokens (one per decoding sequence, ``1 + k`` with speculative decoding), ``S`` s
 ``memory`` is the memory-bound floor of a GPU step (weights and KV streamed once per step); a CPU
 profile leaves it at zero and the step is plain compute. A step that schedules nothing takes no time.
 
+Opt-in terms (all zero by default, which is the model above) for what real vLLM on a GPU shows
+beyond the isolated parts: ``prefill_ms_per_ktoken2 * (P / 1000) ** 2`` adds to ``compute`` (per
+token, a step's prefill slows as the step grows, whatever prompts share it, as measured on an
+H200), ``host_ms_per_prefill_token`` adds host time per prefill token (input preparation grows with
+the new tokens); ``mixed_ms + mixed_ms_per_decode_seq * D`` is what a step that mixes prefill
+tokens with ``D`` decoding sequences costs over its parts; ``serial_ms`` is host time that never
+overlaps the device (scheduling before the first kernel, the wait for the sampled tokens after the
+last)::
+
+    step = serial_ms + [the step above] + (mixed_ms + mixed_ms_per_decode_seq * D  if P > 0 and D > 0)
+
+and ``tail_quantiles_ms`` is the distribution of what a step costs beyond that (evenly spaced
+quantiles, from 0 to 1, of the extra milliseconds; interpolated): each step draws from it with
+the engine's seeded RNG, so virtual time stays deterministic. Empty: no tail.
+
 The first two terms are the host's part of a step (scheduling, kernel launches), ``max(compute,
 memory)`` the device's: engines that share one GPU (``EngineCore(device=...)``) take turns on it
 for their device parts only. With ``host_overlaps_device`` the device runs kernels while the host
@@ -33,6 +48,7 @@ With LoRA enabled, a step also pays for its adapters (``lora`` section, ``LoraCo
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -57,12 +73,27 @@ class Timing:
     request_overhead_ms: float = 0.0
     request_ms_per_prompt_token: float = 0.0
     host_overlaps_device: bool = False
+    prefill_ms_per_ktoken2: float = 0.0
+    serial_ms: float = 0.0
+    host_ms_per_prefill_token: float = 0.0
+    mixed_ms: float = 0.0
+    mixed_ms_per_decode_seq: float = 0.0
+    tail_quantiles_ms: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        tail = tuple(float(q) for q in self.tail_quantiles_ms)
+        if len(tail) == 1 or any(b < a for a, b in itertools.pairwise(tail)) or any(q < 0 for q in tail):
+            raise ValueError("tail_quantiles_ms: two or more non-negative values, in ascending order")
+        object.__setattr__(self, "tail_quantiles_ms", tail)
 
     def step_s(
         self, prefill_tokens: int, decode_tokens: int, seqs: int, context_tokens: int, prefill_pairs: float = 0.0
     ) -> float:
+        if seqs == 0:
+            return 0.0
         host, device = self.split_s(prefill_tokens, decode_tokens, seqs, context_tokens, prefill_pairs)
-        return max(host, device) if self.host_overlaps_device else host + device
+        serial = self.serial_s(prefill_tokens, decode_tokens)  # one decode token per sequence here
+        return serial + (max(host, device) if self.host_overlaps_device else host + device)
 
     def split_s(
         self, prefill_tokens: int, decode_tokens: int, seqs: int, context_tokens: int, prefill_pairs: float = 0.0
@@ -76,9 +107,28 @@ class Timing:
             + self.decode_ms_per_token * decode_tokens
             + self.attention_ms_per_ktoken * kctx
             + self.prefill_attention_ms_per_mpair * prefill_pairs / 1e6
+            + self.prefill_ms_per_ktoken2 * (prefill_tokens / 1000.0) ** 2
         )
         memory = self.weights_ms + self.kv_read_ms_per_ktoken * kctx
-        return (self.overhead_ms + self.per_seq_ms * seqs) / 1000.0, max(compute, memory) / 1000.0
+        host = self.overhead_ms + self.per_seq_ms * seqs + self.host_ms_per_prefill_token * prefill_tokens
+        return host / 1000.0, max(compute, memory) / 1000.0
+
+    def serial_s(self, prefill_tokens: int, decode_seqs: int) -> float:
+        """What a step costs besides its host and device parts, in seconds: the host's part that
+        never overlaps the device, and the cost of mixing prefill tokens with decoding sequences."""
+        ms = self.serial_ms
+        if prefill_tokens and decode_seqs:
+            ms += self.mixed_ms + self.mixed_ms_per_decode_seq * decode_seqs
+        return ms / 1000.0
+
+    def tail_s(self, u: float) -> float:
+        """The step's extra time at quantile ``u`` (0 <= u <= 1) of ``tail_quantiles_ms``, in seconds."""
+        tail = self.tail_quantiles_ms
+        if not tail:
+            return 0.0
+        position = u * (len(tail) - 1)
+        below = min(int(position), len(tail) - 2)
+        return (tail[below] + (tail[below + 1] - tail[below]) * (position - below)) / 1000.0
 
     def request_s(self, prompt_tokens: int) -> float:
         """What the API server spends on a request before the scheduler sees it."""

@@ -47,9 +47,17 @@ Rules:
   in-flight requests there. Each replica learns from its own requests' gaps only, a share of the
   engine's, and the replicas' limits step up and down out of phase: the minimum of such estimates
   stays below what one replica seeing every gap learns (``benchmarks/fleet_admission.py``), the
-  mean does not. While the channel is down (``lost_peers``), each replica fills at most its safe
+  mean does not. Counting the others' in-flight is not enough when replicas start requests within
+  the same few ms (each counts only what it has heard of), so a replica that hears others also
+  fills an engine only within the slots it holds (``core/holdings.py``): it claims slots for what
+  it runs and what waits at it in every batch, and every replica applies the claims in the order
+  the channel delivers them (its own batches included: ``heard_own``), so all agree on who holds
+  what; slots granted start queued requests at once (``admit_granted``). Alone, a replica holds
+  the whole limit. While the channel is down (``lost_peers``), each replica fills at most its safe
   share of the limit with its own requests (``safe_share``), until it is back (``share_resumed``)
-  and settled (``settle_share``).
+  and settled (``settle_share``); a replica that has just started does the same until it has
+  heard everyone (``share_joining``). The safe share also yields to what the engine reports
+  (scraped) beyond the others' shares.
 - Time is always an argument: the HTTP layer passes the wall clock, the simulator a
   virtual one.
 """
@@ -57,12 +65,14 @@ Rules:
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from priority_gateway.core.classes import DEFAULT_CLASSES, ClassTable
 from priority_gateway.core.engines import EngineMetrics, EngineState
 from priority_gateway.core.fair_queue import Charge
+from priority_gateway.core.holdings import SELF, Holdings, claims, yield_to
 from priority_gateway.core.kv_events import KVEvent
 from priority_gateway.core.limiter import ConcurrencyLimit, LimitSettings
 from priority_gateway.core.models import serves
@@ -255,6 +265,14 @@ class Dispatcher:
         self._told_tenants: dict[Key, TenantShare] | None = None
         # Per pool, since when a start here has given way to another replica's tenant (``PEER_HOLD_S``).
         self._holding: dict[str, float] = {}
+        self._drained_at: float | None = None
+        self.holdings = Holdings()
+        self._serial = 0
+        self._in_transit: deque[tuple[int, dict[str, int]]] = deque()  # claims sent, not yet heard back
+        self._claims_sent: dict[str, tuple[int, int]] = {}
+        self._claims_stale: set[str] = set()  # engines whose claim may have changed
+        self._claim_inputs: tuple[int, bool, dict[str, int]] = (1, False, {})  # replicas, safe, demand per pool
+        self._granted = False
         self._reindex(0.0)
 
     # -- topology and health -------------------------------------------------
@@ -322,12 +340,71 @@ class Dispatcher:
         facts = [fact for pool in self.pools.values() for fact in getattr(pool.policy, "take_learned", list)()]
         changed, self._load_changed = self._load_changed or set(), set()
         engines = self._engines
-        limits = self.limits if self.admission.enabled else {}
+        wants = self._claims(changed, full) if self.admission.enabled else {}
         if full:
-            load = {e.id: own for e in engines.values() if (own := _own_load(e, limits.get(e.id)))}
+            load = {e.id: own for e in engines.values() if (own := self._own_load(e, wants.get(e.id, (0, 0))))}
         else:
-            load = {i: _own_load(engines[i], limits.get(i)) for i in changed if i in engines}
-        return Learned(facts, load, full)
+            load = {i: self._own_load(engines[i], wants.get(i, (0, 0))) for i in changed | set(wants) if i in engines}
+        self._serial += 1
+        if wants:
+            self._in_transit.append((self._serial, {i: max(entry.claim, entry.spare) for i, entry in load.items()}))
+        return Learned(facts, load, full, self._serial)
+
+    def _own_load(self, engine: EngineState, wants: tuple[int, int]) -> EngineLoad:
+        limit = self.limits.get(engine.id) if self.admission.enabled else None
+        learned = limit.limit if limit is not None and limit.budget_s is not None else 0.0
+        return EngineLoad(engine.inflight, engine.pending_prefill, learned, *wants, self._cap(engine.id))
+
+    def _claims(self, changed: set[str], full: bool) -> dict[str, tuple[int, int]]:
+        """This replica's (claim, spare) on each engine where they changed or whose load goes out anyway."""
+        inputs = (1 + len(self.peers), self.safe_share.safe, self._demand())
+        replicas, safe, demand = inputs
+        last, self._claim_inputs = self._claim_inputs, inputs
+        if full or last[:2] != inputs[:2]:
+            stale: Iterable[str] = self._engines
+        else:
+            moved = {name for name, n in demand.items() if last[2].get(name) != n}
+            stale = self._claims_stale | changed | {e.id for name in moved for e in self.pools[name].engines}
+        self._claims_stale = set()
+        out = {}
+        for engine_id in stale:
+            engine = self._engines.get(engine_id)
+            if engine is None:
+                continue
+            wanted = (0, 0)
+            if not safe:
+                slots, free, held, waiting = self.holdings.view(engine_id, self._fixed_limit(engine_id))
+                wanted = claims(engine.inflight, demand[engine.pool], held, slots, replicas, waiting, free < 0)
+            if full or engine_id in changed or wanted != self._claims_sent.get(engine_id, (0, 0)):
+                out[engine_id] = self._claims_sent[engine_id] = wanted
+        return out
+
+    def _demand(self) -> dict[str, int]:
+        """Requests waiting at this replica that each pool's engines are there for: its own queue, and
+        interactive work other pools overflow into it. Batch work that could backfill is left out: it
+        fills only slots a replica holds anyway, never claims any (the backfill reserve kept free for
+        interactive work would otherwise be held by whoever has batch work queued). Nor do requests of
+        tenants that may not take the slots: at their cap, or over their share (a slot claimed for
+        them would sit free while a tenant under its share waits at another replica)."""
+        out = {name: self._may_take_slots(pool) for name, pool in self.pools.items()}
+        interactive = {name: p.queue.depth_of(self.classes.interactive_like) for name, p in self.pools.items()}
+        for name, pool in self.pools.items():
+            if pool.accept_overflow:
+                out[name] += sum(n for other, n in interactive.items() if other != name)
+        return out
+
+    def _may_take_slots(self, pool: Pool) -> int:
+        """Requests waiting in ``pool`` whose tenants may take its free slots: not at their cap nor over their share."""
+        if not self.admission.fair or not len(pool.queue):
+            return len(pool.queue)
+        # As the last drain saw it: a tenant held back for another replica's claims no slot either,
+        # so that replica can claim the one this replica leaves it.
+        over = self._over_share(pool, self._drained_at)
+        return sum(n for t, (n, _) in pool.queue.backlog().items() if self._has_room(t) and not over(t))
+
+    def _fixed_limit(self, engine_id: str) -> float:
+        limit = self.limits.get(engine_id)
+        return limit.limit if limit is not None else 0.0
 
     def learn(self, batch: Batch, now: float) -> tuple[int, int]:
         """Apply another replica's batch: its routing facts teach the prefix policy which blocks the
@@ -338,6 +415,7 @@ class Dispatcher:
         # Load first: the facts' prompts are in it, and the index makes room for them by it.
         known = {e: load for e, load in batch.learned.load.items() if e in self._engines}
         self._peer_load_changed(self.peers.report(batch.publisher, known, batch.learned.full))
+        self._apply_holdings(batch.publisher, known, batch.learned.full)
         applied = 0
         for fact in batch.learned.facts:
             engine = self._engines.get(fact.engine)
@@ -381,17 +459,56 @@ class Dispatcher:
         """Another replica's tenants: their requests count in every tenant's share of a pool from now on."""
         self.fleet_tenants.report(batch, now)
 
+    def heard_own(self, batch: Batch, serial: int) -> None:
+        """This replica's own batch came back through the channel (``serial``: its ``Learned.serial``):
+        its claims take their place in the order every replica applies them."""
+        ending = [sent for sent_serial, sent in self._in_transit if sent_serial <= serial]
+        if ending:
+            caps = {e: self._cap(e) for e in set().union(*ending)}
+            for _ in ending:
+                self._in_transit.popleft()
+            self._granted = self._granted or any(self._cap(e) > cap for e, cap in caps.items())
+        known = {e: load for e, load in batch.learned.load.items() if e in self._engines}
+        self._apply_holdings(SELF, known, batch.learned.full)
+
+    def _apply_holdings(self, publisher: bytes, load: dict[str, EngineLoad], full: bool) -> None:
+        if not self.admission.enabled:
+            return
+        self._claims_stale |= self.holdings.apply(publisher, load, full, self._fixed_limit)
+        # Queued requests may start only where this replica's holding grew.
+        self._granted = self._granted or self.holdings.grew
+        self.holdings.grew = False
+
+    def admit_granted(self, now: float) -> Decisions:
+        """Start what the slots granted since the last call let start."""
+        if self._granted and self.admission.enabled:
+            self._granted = False
+            self._drain(now)
+        return Decisions(None, self._take_notices())
+
     def expire_peers(self, now: float, silent_s: float) -> None:
         """Forget what replicas not heard from within ``silent_s`` said (they stopped, or the channel broke)."""
         self._peer_load_changed(self.peers.expire(now, silent_s))
         self.fleet_tenants.expire(now, silent_s)
+        self._claims_stale |= self.holdings.keep(self.peers.__contains__)
+
+    def share_joining(self) -> None:
+        """This replica has just started: admit the safe share until it has heard every other replica."""
+        if self.admission.enabled:
+            self.safe_share.join()
 
     def lost_peers(self, now: float | None = None) -> bool:
         """The channel is down: route on this replica's own knowledge (and the engines' scrapes) alone,
         tenants' shares counted on its own requests alone, and admit at most the safe share of each
-        limit. True when the safe share began now."""
+        limit. What the others last reported in flight is still running as far as anyone knows: it
+        counts as the engines' own load until their next scrape says what is left. True when the
+        safe share began now."""
+        for engine in self._engines.values():
+            engine.external_load += engine.peer_inflight
         self._peer_load_changed(self.peers.clear())
         self.fleet_tenants.clear()
+        self.holdings.clear()
+        self._in_transit.clear()
         return self.admission.enabled and self.safe_share.lost(math.inf if now is None else now)
 
     def share_resumed(self, now: float) -> None:
@@ -440,6 +557,18 @@ class Dispatcher:
             return {}
         return {engine_id: self._capacity(engine)[1] for engine_id, engine in self._engines.items()}
 
+    def held_slots(self) -> dict[str, int]:
+        """The slots this replica may fill on each engine while it fills them within its holdings."""
+        if not self._within_holdings():
+            return {}
+        return {engine_id: self._cap(engine_id) for engine_id in self._engines}
+
+    def _within_holdings(self) -> bool:
+        """Whether admission fills engines within this replica's holdings: it shares with other replicas
+        it hears, outside the safe share."""
+        sharing = self._load_changed is not None and self.admission.enabled
+        return sharing and not self.safe_share.safe and bool(self.peers)
+
     def _fleet_limit(self, engine: EngineState) -> float:
         own = self.limits[engine.id].limit
         peers = engine.peer_limits
@@ -447,15 +576,38 @@ class Dispatcher:
 
     def _capacity(self, engine: EngineState) -> tuple[float, float]:
         """(load counted, limit) for admission: everyone's load against the fleet's limit, or in the
-        safe share this replica's own in-flight against its share."""
+        safe share this replica's own in-flight against its share, and what the engine holds beyond
+        the others' shares (its scraped load, or the others' in-flight heard) on top of it."""
         limit = self._fleet_limit(engine)
-        if self.safe_share.safe:
-            return float(engine.inflight), self.safe_share.share(limit)
+        if self.safe_share.safe and self.safe_share.replicas > 1:
+            share = self.safe_share.share(limit)
+            return max(float(engine.inflight), engine.load - (limit - share)), share
         return engine.load, limit
+
+    def _cap(self, engine_id: str) -> int:
+        """The slots this replica may fill on an engine: the least of its holding and its claims in transit
+        (also what it states it holds: a release in transit must not come back with a later batch)."""
+        cap = self.holdings.held(engine_id)
+        for _, sent in self._in_transit:
+            cap = min(cap, sent.get(engine_id, cap))
+        return cap
+
+    def _held_room(self, engine: EngineState) -> float:
+        """What this replica may still start on ``engine`` within its cap (any number alone, or in the safe
+        share); while another replica waits there below its fair share, no more than its own: slots it
+        frees beyond that go to that replica with its next claim, not to its own queue."""
+        if not self._within_holdings():
+            return math.inf
+        cap = self._cap(engine.id)
+        if waiters := self.holdings.waiters(engine.id):
+            share = yield_to(self.holdings.slots(engine.id, self._fixed_limit(engine.id)), waiters)
+            if share is not None:
+                cap = min(cap, share)
+        return cap - engine.inflight
 
     def _room(self, engine: EngineState) -> float:
         load, limit = self._capacity(engine)
-        return limit - load
+        return min(limit - load, self._held_room(engine))
 
     def ready(self) -> dict[str, bool]:
         return {name: any(e.healthy for e in pool.engines) for name, pool in self.pools.items()}
@@ -510,7 +662,7 @@ class Dispatcher:
         out = []
         for engine in pool.healthy(exclude, model):
             load, limit = self._capacity(engine)
-            if load < limit - max(1.0, self.admission.backfill_reserve * limit):
+            if load < limit - max(1.0, self.admission.backfill_reserve * limit) and self._held_room(engine) >= 1:
                 out.append(engine)
         return out
 
@@ -797,6 +949,7 @@ class Dispatcher:
 
     def _drain(self, now: float) -> None:
         """Start queued requests while they fit, in queue order, each pool in turn."""
+        self._drained_at = now
         out = self._notices
         for pool in self.pools.values():
             queue = pool.queue
@@ -882,8 +1035,3 @@ class Dispatcher:
         if limit is not None:
             limit.observe_itl(seconds, dispatch.engine.load, now)
             self.pools[dispatch.engine.pool].slots.observe_gap(seconds)
-
-
-def _own_load(engine: EngineState, limit: ConcurrencyLimit | None) -> EngineLoad:
-    learned = limit.limit if limit is not None and limit.budget_s is not None else 0.0
-    return EngineLoad(engine.inflight, engine.pending_prefill, learned)

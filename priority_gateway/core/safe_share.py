@@ -14,8 +14,14 @@ Rules:
   so a long outage does not shrink the count as memories age.
 - ``resumed`` ends it ``settle_s`` later (True when it ended): the others' loads come back in their
   next full batches, and until then the share still holds.
+- ``joining`` starts the same fallback for a replica that has just started: until ``settle_s`` after
+  the channel first works it has not heard every other replica's full batch, so it cannot know
+  what they hold (``core/holdings.py``). Joining, the replicas counted are those heard so far
+  (growing as they are heard); it ends silently (``settle`` answers False), and ``lost`` turns it
+  into the fallback proper.
 - ``share(limit)``: the in-flight requests this replica may have on an engine of that limit in the
-  fallback: ``floor(limit / replicas)``, at least 1 (a replica that may start nothing serves nobody).
+  fallback: ``floor(limit / replicas)``, at least 1 (a replica that may start nothing serves nobody);
+  alone, the whole limit.
 """
 
 from __future__ import annotations
@@ -25,13 +31,14 @@ from collections import OrderedDict
 
 
 class SafeShare:
-    __slots__ = ("_heard", "_resume_at", "max_peers", "replicas", "safe", "settle_s", "window_s")
+    __slots__ = ("_heard", "_resume_at", "joining", "max_peers", "replicas", "safe", "settle_s", "window_s")
 
     def __init__(self, window_s: float = 30.0, settle_s: float = 1.0, max_peers: int = 1024) -> None:
         self.window_s = window_s
         self.settle_s = settle_s
         self.max_peers = max_peers
         self.safe = False
+        self.joining = False
         self.replicas = 1
         """Replicas (this one included) the limit is split among while ``safe``."""
         self._heard: OrderedDict[bytes, float] = OrderedDict()
@@ -42,17 +49,25 @@ class SafeShare:
         self._heard.move_to_end(publisher)
         while len(self._heard) > self.max_peers:
             self._heard.popitem(last=False)
+        if self.joining:
+            self.replicas = max(self.replicas, self.seen(now))
 
     def seen(self, now: float) -> int:
         """Replicas heard within ``window_s`` before ``now``, this one included."""
         return 1 + sum(1 for when in self._heard.values() if now - when <= self.window_s)
 
+    def join(self) -> None:
+        """This replica has just started: share until settled once the channel works."""
+        if not self.safe:
+            self.safe = self.joining = True
+            self.replicas = 1
+
     def lost(self, now: float) -> bool:
         self._resume_at = None
-        if self.safe:
+        if self.safe and not self.joining:
             return False
-        self.safe = True
-        self.replicas = self.seen(now)
+        self.safe, self.joining = True, False
+        self.replicas = max(self.replicas, self.seen(now))
         return True
 
     def resumed(self, now: float) -> None:
@@ -60,13 +75,17 @@ class SafeShare:
             self._resume_at = now + self.settle_s
 
     def settle(self, now: float) -> bool:
-        """End the fallback once ``settle_s`` passed since the channel came back; True when it ended."""
+        """End the fallback once ``settle_s`` passed since the channel came back; True when a fallback
+        entered by ``lost`` ended (joining ends silently)."""
         if self.safe and self._resume_at is not None and now >= self._resume_at:
-            self.safe = False
+            ended = not self.joining
+            self.safe = self.joining = False
             self._resume_at = None
             self.replicas = 1
-            return True
+            return ended
         return False
 
     def share(self, limit: float) -> float:
+        if self.replicas <= 1:
+            return limit
         return max(1.0, math.floor(limit / self.replicas))

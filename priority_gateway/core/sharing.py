@@ -10,7 +10,8 @@ Rules:
     prompt tokens sent that have not reached their first token: the queue a new request would wait
     behind), and the concurrency limit the replica learned for the engine (0: none; every replica
     admits against the mean of those heard and its own, so all agree on one limit and the fleet
-    puts no more on an engine than one replica would).
+    puts no more on an engine than one replica would), and its claim and holding of the engine's
+    slots (``core/holdings.py``: how many of them it may fill).
 - Applying a fact does to the index what routing the request did: record the blocks on the engine,
   most recently used. A fact applied twice, or late, only refreshes blocks the engine was said to
   hold; the index's capacity bound (LRU, in tokens) keeps memory bounded whatever arrives.
@@ -36,7 +37,7 @@ import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-FORMAT = 2
+FORMAT = 3
 PUBLISHER_BYTES = 16
 MAX_FACTS = 65_535
 MAX_BLOCKS = 65_535
@@ -48,7 +49,7 @@ _HEADER = struct.Struct("<BB16sQdHH")
 _LENGTH = struct.Struct("<H")
 _COUNT = struct.Struct("<I")
 _FACT = struct.Struct("<HIHH")  # engine index, prompt tokens, block tokens, blocks
-_LOAD = struct.Struct("<HIIf")  # engine index, in flight, pending prefill tokens, learned limit
+_LOAD = struct.Struct("<HIIfIII")  # engine index, in flight, prefill tokens, learned limit, claim, spare, held
 _FULL = 1
 
 
@@ -71,9 +72,15 @@ class EngineLoad:
     """Uncached prompt tokens sent that have not reached their first token."""
     limit: float = 0.0
     """The concurrency limit the publisher learned for the engine (0: it admits without one)."""
+    claim: int = 0
+    """The slots the publisher asks to hold, waiting for them if need be (``core/holdings.py``)."""
+    spare: int = 0
+    """The slots it would hold if they are free (never waited for)."""
+    held: int = 0
+    """The slots the publisher holds, as it sees it when it sends."""
 
     def __bool__(self) -> bool:
-        return bool(self.inflight or self.prefill or self.limit)
+        return bool(self.inflight or self.prefill or self.limit or self.claim or self.spare or self.held)
 
 
 @dataclass(slots=True)
@@ -85,6 +92,8 @@ class Learned:
     """The publisher's own load per engine (absolute values)."""
     full: bool = False
     """``load`` names every engine the publisher has load on; the rest have none."""
+    serial: int = 0
+    """Which of the publisher's ``take_learned`` calls this is (the latest, once merged); never sent."""
 
     def __bool__(self) -> bool:
         return bool(self.facts or self.load or self.full)
@@ -97,6 +106,7 @@ class Learned:
             self.full = True
         else:
             self.load.update(later.load)
+        self.serial = later.serial
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +149,17 @@ def encode(batch: Batch) -> bytes:
         parts.append(struct.pack(f"<{len(blocks)}Q", *blocks))
     parts.append(_COUNT.pack(len(learned.load)))
     for engine, load in learned.load.items():
-        parts.append(_LOAD.pack(engines[engine], _u32(load.inflight), _u32(load.prefill), load.limit))
+        parts.append(
+            _LOAD.pack(
+                engines[engine],
+                _u32(load.inflight),
+                _u32(load.prefill),
+                load.limit,
+                _u32(load.claim),
+                _u32(load.spare),
+                _u32(load.held),
+            )
+        )
     return b"".join(parts)
 
 
@@ -177,11 +197,11 @@ def decode(data: bytes) -> Batch:
             raise ValueError("too many load entries")
         load = {}
         for _ in range(n_loads):
-            index, inflight, prefill, limit = _LOAD.unpack_from(view, at)
+            index, inflight, prefill, limit, claim, spare, held = _LOAD.unpack_from(view, at)
             at += _LOAD.size
             if index >= n_engines or not 0.0 <= limit < math.inf:
                 raise ValueError("load entry out of bounds")
-            load[engines[index]] = EngineLoad(inflight, prefill, limit)
+            load[engines[index]] = EngineLoad(inflight, prefill, limit, claim, spare, held)
         if at != len(view):
             raise ValueError("trailing bytes")
     except (struct.error, UnicodeDecodeError) as exc:
@@ -238,7 +258,8 @@ class Peers:
         for engine, new in load.items():
             old = peer.load.get(engine, _NONE)
             if new != old:
-                changed.add(engine)
+                if (new.inflight, new.prefill, new.limit) != (old.inflight, old.prefill, old.limit):
+                    changed.add(engine)  # what the totals and limits tell; claims are the holdings' (``holdings.py``)
                 self._add(engine, old, -1)
                 self._add(engine, new, 1)
                 if new:
@@ -261,6 +282,12 @@ class Peers:
             changed |= self._drop(peer)
         self._peers.clear()
         return changed
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    def __contains__(self, publisher: bytes) -> bool:
+        return publisher in self._peers
 
     def inflight(self, engine: str) -> int:
         return self._inflight.get(engine, 0)

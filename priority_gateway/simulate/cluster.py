@@ -27,11 +27,19 @@ Rules:
   ``tenant_replica`` sends everything through that one replica (one client on one connection).
 - With ``share`` on (the server's default on a Redis store), replicas tell each other what they
   routed and their pending prefill (``priority_gateway/core/sharing.py``) as the server does over Redis:
-  what a replica has to tell is sent in one batch at the next multiple of ``share_interval_s`` and
-  reaches every other replica ``share_delay_s`` later; every ``share_full_s`` each replica sends
-  all its pending prefill. With fair queueing, each replica's tenants per pool go in a tenant batch
-  beside it (``priority_gateway/core/tenant_share.py``). The bytes are counted as the server would
-  send them (``encode``). Sharing does not depend on the routing policy.
+  each replica's publisher runs at every multiple of ``share_interval_s`` (0: after every event), as
+  the server's publish loop does: what it has to tell since its previous batch goes out in one
+  batch and reaches every replica, itself included, ``share_delay_s`` later, in the order sent (as
+  Redis delivers a channel's messages), where slots it granted start queued requests at once; every
+  ``share_full_s`` each replica's next batch is full (all its load). With fair queueing, each
+  replica's tenants per pool go in a tenant batch of their own beside it
+  (``priority_gateway/core/tenant_share.py``). The bytes are counted as the server would send them
+  (``encode``). The replicas start having heard each other, as the server's have by the time they
+  serve: each holds its even share of every engine's slots. Sharing does not depend on the routing
+  policy.
+- ``overfilled`` (admission on): dispatches that left an engine with more gateway requests than the
+  highest limit any replica learned for it lets one replica start (none with one replica), and the
+  largest excess.
 - ``share_down`` ``(from, until)``: the channel breaks then, as when Redis dies: batches in transit
   and sent meanwhile are lost, every replica forgets the others (``lost_peers``) and admits its safe
   share; from ``until`` batches flow again and each returns to shared admission once settled
@@ -51,7 +59,7 @@ import math
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from priority_gateway.core.classes import BATCH, CLASSES, INTERACTIVE, Budget
 from priority_gateway.core.dispatcher import (
@@ -88,7 +96,7 @@ MODEL = "sim-model"
     _POLL,
     _SCRAPE,
     _ENGINE_ADD,
-    _SHARE_SEND,
+    _SHARE_TICK,
     _SHARE_ARRIVE,
     _SHARE_FULL,
     _SHARE_DOWN,
@@ -251,12 +259,11 @@ class Cluster:
                 dispatcher.safe_share.settle_s = setup.share_full_s
         self.share_up = True
         self.safe_share_spans: list[dict[str, float | None]] = []
-        self._outgoing: list[Learned | None] = [None for _ in self.dispatchers]
-        self._outgoing_tenants: list[TenantShares | None] = [None for _ in self.dispatchers]
-        self._send_due = [False for _ in self.dispatchers]
+        self._full_due = False
         self._sequence = [0 for _ in self.dispatchers]
         self._tenant_sequence = [0 for _ in self.dispatchers]
         self.share_stats = {"batches": 0, "facts": 0, "bytes": 0, "applied": 0, "tenant_batches": 0}
+        self.overfilled = {"dispatches": 0, "max_excess": 0}
         self.records: dict[str, Record] = {}
         self._events: list[tuple[float, int, int, Any]] = []
         self._order = itertools.count()
@@ -291,7 +298,10 @@ class Cluster:
         self._at(0.0, _POLL, None)
         self._at(0.0, _SCRAPE, None)
         if self.sharing:
+            self._hear_each_other()
             self._at(self.setup.share_full_s, _SHARE_FULL, None)
+            if self.setup.share_interval_s > 0:
+                self._at(self.setup.share_interval_s, _SHARE_TICK, None)
             if self.setup.share_down is not None:
                 self._at(self.setup.share_down[0], _SHARE_DOWN, None)
                 self._at(self.setup.share_down[1], _SHARE_UP, None)
@@ -301,6 +311,7 @@ class Cluster:
             "engines": self.engines,
             "duration_s": self.now,
             "share": self._share_summary(),
+            "overfilled": dict(self.overfilled),
             # Replica 0's policies: the report reads their load-bound record.
             "policies": {name: pool.policy for name, pool in self.dispatchers[0].pools.items()},
         }
@@ -328,8 +339,10 @@ class Cluster:
                 self._scrape()
                 if self._busy():
                     self._at(t + self.setup.scrape_s, _SCRAPE, None)
-            elif kind == _SHARE_SEND:
-                self._share_send(data)
+            elif kind == _SHARE_TICK:
+                self._collect_learned()
+                if self._busy():
+                    self._at(t + self.setup.share_interval_s, _SHARE_TICK, None)
             elif kind == _SHARE_ARRIVE:
                 self._share_arrive(data)
             elif kind == _SHARE_DOWN:
@@ -342,7 +355,7 @@ class Cluster:
                 self._share_full()
                 if self._busy():
                     self._at(t + self.setup.share_full_s, _SHARE_FULL, None)
-            if self.sharing:
+            if self.sharing and self.setup.share_interval_s <= 0:
                 self._collect_learned()
 
     def _busy(self) -> bool:
@@ -476,6 +489,7 @@ class Cluster:
                 pass
 
     def _start(self, dispatch: Dispatch) -> None:
+        self._check_fill(dispatch.engine.id)
         rec = self.records[dispatch.request.id]
         rec.dispatch = dispatch
         tr = rec.trace
@@ -554,25 +568,43 @@ class Cluster:
 
     # -- replicas sharing what they learn ---------------------------------------------------
 
-    def _collect_learned(self, full: bool = False) -> None:
-        interval = self.setup.share_interval_s
+    def _collect_learned(self) -> None:
+        """Every replica's publisher: what it has to tell since its previous batch goes out now."""
+        full, self._full_due = self._full_due, False
         for replica, dispatcher in enumerate(self.dispatchers):
             learned = dispatcher.take_learned(full)
-            tenants = dispatcher.take_tenant_shares(full) if self.setup.share_tenants else None
-            if not learned and not tenants:
-                continue
             if learned:
-                _fold(self._outgoing, replica, learned)
-            if tenants:
-                _fold(self._outgoing_tenants, replica, tenants)
-            if not self._send_due[replica]:
-                self._send_due[replica] = True
-                send_at = math.floor(self.now / interval + 1) * interval if interval > 0 else self.now
-                self._at(send_at, _SHARE_SEND, replica)
+                self._share_send(replica, learned)
+            told = dispatcher.take_tenant_shares(full) if self.setup.share_tenants else None
+            if told:
+                self._share_tenants(replica, told)
+
+    def _check_fill(self, engine_id: str) -> None:
+        if not self.setup.admission.enabled:
+            return
+        running = sum(state.inflight for d in self.dispatchers if (state := d.engine(engine_id)) is not None)
+        excess = running - math.ceil(max(d.limits[engine_id].limit for d in self.dispatchers))
+        if excess > 0:
+            self.overfilled["dispatches"] += 1
+            self.overfilled["max_excess"] = max(self.overfilled["max_excess"], excess)
+
+    def _hear_each_other(self) -> None:
+        """Every replica hears of the others, then a round of full batches: each holds its even share."""
+        ids = [replica.to_bytes(16, "big") for replica in range(len(self.dispatchers))]
+        for replica, dispatcher in enumerate(self.dispatchers):
+            for other, publisher in enumerate(ids):
+                if other != replica:
+                    dispatcher.learn(Batch(publisher, 0, 0.0, 64, Learned([], {}, True)), 0.0)
+        for replica, dispatcher in enumerate(self.dispatchers):
+            self._sequence[replica] += 1
+            batch = Batch(ids[replica], self._sequence[replica], 0.0, 64, dispatcher.take_learned(True))
+            self._share_arrive((replica, batch))
 
     def _share_full(self) -> None:
-        """Every replica's heartbeat: all its pending prefill; and receivers forget the silent."""
-        self._collect_learned(full=True)
+        """Every replica's heartbeat: its next batch lists all its load; and receivers forget the silent."""
+        self._full_due = True
+        if self.setup.share_interval_s <= 0:
+            self._collect_learned()
         for dispatcher in self.dispatchers:
             dispatcher.expire_peers(self.now, self.setup.share_silent_s)
 
@@ -588,38 +620,41 @@ class Cluster:
         if open_span is not None:
             open_span["until_s"] = round(now, 3)
 
-    def _share_send(self, replica: int) -> None:
-        learned, self._outgoing[replica] = self._outgoing[replica], None
-        told, self._outgoing_tenants[replica] = self._outgoing_tenants[replica], None
-        self._send_due[replica] = False
+    def _share_send(self, replica: int, learned: Learned) -> None:
         if not self.share_up:
             return  # the server drops what it cannot publish (counted there)
-        publisher = replica.to_bytes(16, "big")
+        self._sequence[replica] += 1
+        batch = Batch(replica.to_bytes(16, "big"), self._sequence[replica], self.now, 64, learned)
         stats = self.share_stats
-        batch = tenant_batch = None
-        if learned is not None:
-            self._sequence[replica] += 1
-            batch = Batch(publisher, self._sequence[replica], self.now, 64, learned)
-            stats["batches"] += 1
-            stats["facts"] += len(learned.facts)
-            stats["bytes"] += len(encode(batch))
-        if told is not None:
-            self._tenant_sequence[replica] += 1
-            tenant_batch = TenantBatch(publisher, self._tenant_sequence[replica], told)
-            stats["tenant_batches"] += 1
-            stats["bytes"] += len(encode_tenants(tenant_batch))
-        self._at(self.now + self.setup.share_delay_s, _SHARE_ARRIVE, (replica, batch, tenant_batch))
+        stats["batches"] += 1
+        stats["facts"] += len(learned.facts)
+        stats["bytes"] += len(encode(batch))
+        self._at(self.now + self.setup.share_delay_s, _SHARE_ARRIVE, (replica, batch))
 
-    def _share_arrive(self, data: tuple[int, Batch | None, TenantBatch | None]) -> None:
-        sender, batch, tenant_batch = data
+    def _share_tenants(self, replica: int, told: TenantShares) -> None:
+        if not self.share_up:
+            return
+        self._tenant_sequence[replica] += 1
+        batch = TenantBatch(replica.to_bytes(16, "big"), self._tenant_sequence[replica], told)
+        self.share_stats["tenant_batches"] += 1
+        self.share_stats["bytes"] += len(encode_tenants(batch))
+        self._at(self.now + self.setup.share_delay_s, _SHARE_ARRIVE, (replica, batch))
+
+    def _share_arrive(self, data: tuple[int, Batch | TenantBatch]) -> None:
+        sender, batch = data
         if not self.share_up:
             return  # lost in transit with the channel
+        if isinstance(batch, TenantBatch):
+            for replica, dispatcher in enumerate(self.dispatchers):
+                if replica != sender:
+                    dispatcher.learn_tenants(batch, self.now)
+            return
         for replica, dispatcher in enumerate(self.dispatchers):
-            if replica != sender:
-                if batch is not None:
-                    self.share_stats["applied"] += dispatcher.learn(batch, self.now)[0]
-                if tenant_batch is not None:
-                    dispatcher.learn_tenants(tenant_batch, self.now)
+            if replica == sender:
+                dispatcher.heard_own(batch, batch.learned.serial)
+            else:
+                self.share_stats["applied"] += dispatcher.learn(batch, self.now)[0]
+            self._handle(dispatcher.admit_granted(self.now))
 
     def _share_summary(self) -> dict[str, Any] | None:
         if not self.sharing:
@@ -655,22 +690,6 @@ class Cluster:
                 if state is not None:
                     state.mark_scrape_start()
                     dispatcher.apply_scrape(engine.id, metrics, self.now)
-
-
-class _Mergeable(Protocol):
-    def merge(self, later: Any) -> None: ...
-
-
-M = TypeVar("M", bound=_Mergeable)
-
-
-def _fold(outgoing: list[M | None], replica: int, later: M) -> None:
-    """Add ``later`` to what ``replica`` has waiting to send."""
-    waiting = outgoing[replica]
-    if waiting is None:
-        outgoing[replica] = later
-    else:
-        waiting.merge(later)
 
 
 def _lora_info(core: EngineCore) -> LoraInfo | None:

@@ -141,6 +141,8 @@ def summarize(setup: ClusterSetup, result: dict[str, Any], oracle: bool = True) 
             summary["by_pool"][name]["max_load_over_bound"] = round(ratio, 4)
     if result.get("share") is not None:
         summary["share"] = result["share"]
+    if setup.admission.enabled and "overfilled" in result:
+        summary["overfilled"] = result["overfilled"]
     summary["duration_s"] = round(duration, 2)
     summary["window_s"] = round(window[1] - window[0], 2)
     return summary

@@ -24,6 +24,7 @@ GATEWAY: dict[str, tuple[str, frozenset[str]]] = {
     "gateway_queue_depth": ("gauge", frozenset({"pool", "class"})),
     "gateway_queue_wait_seconds": ("histogram", frozenset({"class"})),
     "gateway_engine_concurrency_limit": ("gauge", frozenset({"pool", "engine"})),
+    "gateway_engine_held_slots": ("gauge", frozenset({"pool", "engine"})),
     "gateway_slo_budget_seconds": ("gauge", frozenset({"class", "kind"})),
     "gateway_batch_requests_total": ("counter", frozenset({"status"})),
     "gateway_batches": ("gauge", frozenset({"status"})),

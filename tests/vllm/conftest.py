@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,6 +38,14 @@ class VllmEngines:
     @property
     def both(self) -> tuple[Engine, Engine]:
         return self.interactive, self.batch
+
+
+def gateway_pools(engines: VllmEngines) -> dict[str, Any]:
+    """A gateway's pools in front of the two engines: ``batch`` runs vLLM's priority scheduling."""
+    return {
+        "interactive": {"engines": [engines.interactive.url]},
+        "batch": {"engines": [engines.batch.url], "scheduling_policy": "priority"},
+    }
 
 
 @pytest.fixture(scope="session")

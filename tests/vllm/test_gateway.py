@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.procs import Proc, start_gateway
 from tests.vllm.client import MODEL, metric_sum, metric_values
-from tests.vllm.conftest import VllmEngines
+from tests.vllm.conftest import VllmEngines, gateway_pools
 
 pytestmark = pytest.mark.vllm
 
@@ -19,10 +19,7 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture(scope="module")
 def gateway(procs: list[Proc], tmp_path_factory: pytest.TempPathFactory, vllm_engines: VllmEngines) -> Proc:
     config = {
-        "pools": {
-            "interactive": {"engines": [vllm_engines.interactive.url]},
-            "batch": {"engines": [vllm_engines.batch.url], "scheduling_policy": "priority"},
-        },
+        "pools": gateway_pools(vllm_engines),
         "health": {"interval_s": 0.5, "timeout_s": 2.0, "unhealthy_after": 2},
         # vLLM's /metrics takes 10-100 ms to render on one core: scrape no faster than 1 Hz.
         "scrape": {"interval_s": 1.0},

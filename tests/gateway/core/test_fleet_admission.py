@@ -1,5 +1,5 @@
-"""Admission across replicas: everyone's in-flight against the mean of the limits the replicas learned, and the
-safe share of it while the channel is down."""
+"""Admission across replicas: everyone's in-flight against the mean of the limits the replicas learned, within the
+slots each holds (``test_holdings.py``), and the safe share of it while the channel is down or a replica joins."""
 
 import math
 
@@ -7,9 +7,12 @@ import pytest
 
 from priority_gateway.core.classes import INTERACTIVE, Budget
 from priority_gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispatcher, PoolSpec, Queued
+from priority_gateway.core.engines import EngineMetrics
 from priority_gateway.core.limiter import LimitSettings
 from priority_gateway.core.request import RouteRequest
 from priority_gateway.core.sharing import Batch, EngineLoad, Learned, decode, encode
+from tests.gateway.core.fleet import Fleet, engine_of, inflight
+from tests.gateway.core.test_holdings import warm
 from tests.gateway.core.test_sharing import Channel
 
 ENGINE = "http://e0:8000"
@@ -46,11 +49,17 @@ def learned(d: Dispatcher, limit: float, reason: str = "itl_over_budget") -> Non
     d.limits[ENGINE].reason = reason
 
 
+def rounds(fleet: Fleet, n: int = 3) -> int:
+    """Batches back and forth; the requests they started."""
+    return sum(len(s) for _ in range(n) for s in fleet.round())
+
+
 def test_the_others_in_flight_count_against_the_limit():
-    a, b = replica(), replica()
-    assert started(start(a, 3)) == 3
-    b.learn(Channel(b"a").batch(a.take_learned()), 0.0)
-    assert started(start(b, 3)) == 1  # a's 3 and b's 1 fill the engine's 4
+    fleet = Fleet([replica(), replica()])
+    warm(fleet)
+    a, b = fleet.replicas
+    assert started(start(a, 3)) + rounds(fleet) == 3
+    assert started(start(b, 3)) + rounds(fleet) == 1  # a's 3 and b's 1 fill the engine's 4
 
 
 def test_every_replica_admits_against_the_mean_of_the_limits_learned():
@@ -58,11 +67,11 @@ def test_every_replica_admits_against_the_mean_of_the_limits_learned():
     learned(a, 2.0)
     learned(b, 6.0, "itl_within_budget")
     learned(c, 3.0)
-    b.learn(Channel(b"a").batch(a.take_learned(full=True)), 0.0)
-    b.learn(Channel(b"c").batch(c.take_learned(full=True)), 0.0)
+    fleet = Fleet([a, b, c])
+    warm(fleet)
     assert b.concurrency_limits() == {ENGINE: 11 / 3}
     assert b.limits[ENGINE].limit == 6.0  # what b learned itself is kept, to share and to grow from
-    assert started(start(b, 6)) == 4  # while under 3.67
+    assert started(start(b, 6)) + rounds(fleet) == 4  # while under 3.67
 
 
 def test_a_limit_change_goes_out_in_the_next_batch():
@@ -83,23 +92,62 @@ def test_a_replica_that_learned_nothing_takes_the_fleets_limit():
 
 
 def test_without_the_channel_each_replica_fills_its_share_and_counts_again_once_back():
-    a, b, c = replica(initial=6.0), replica(initial=6.0), replica(initial=6.0)
-    ca, cc = Channel(b"a"), Channel(b"c")
-    start(a, 1)
-    b.learn(ca.batch(a.take_learned(full=True)), 0.0)
-    b.learn(cc.batch(c.take_learned(full=True)), 0.0)
+    fleet = Fleet([replica(initial=6.0), replica(initial=6.0), replica(initial=6.0)])
+    warm(fleet)
+    a, b, _ = fleet.replicas
+    assert started(start(a, 1)) == 1
     assert b.lost_peers(1.0)  # the safe share began
     assert not b.lost_peers(2.0)  # once
     assert b.concurrency_limits() == {ENGINE: 2.0}  # 6 over the 3 replicas heard
     assert started(start(b, 4, 2.0)) == 2
     b.share_resumed(5.0)
     assert not b.settle_share(5.5)
-    b.learn(ca.batch(a.take_learned(full=True)), 5.8)
+    fleet.round(full=True)  # everyone's full batch: b knows again what each holds
     assert b.settle_share(6.0)
     assert b.concurrency_limits() == {ENGINE: 6.0}
-    # a's 1 and b's 2 of the fleet's 6 were in flight: b's 2 queued start, then one more
-    assert sum(isinstance(n, Dispatch) for n in b.poll(6.0)) == 2
-    assert started(start(b, 2, 6.0)) == 1
+    # a's 1 and b's 2 of the fleet's 6 were in flight: b's 2 queued start once it holds slots, then one more
+    assert rounds(fleet) == 2
+    assert started(start(b, 2, 6.0)) + rounds(fleet) == 1
+
+
+def test_what_the_others_ran_before_the_channel_broke_still_counts_until_the_next_scrape():
+    fleet = Fleet([replica(), replica()])
+    warm(fleet)
+    a, b = fleet.replicas
+    assert started(start(a, 3)) + rounds(fleet) == 3
+    assert b.lost_peers(1.0)
+    assert started(start(b, 2, 1.0)) == 1  # its share is 2, but a's 3 of the 4 still run
+    engine_of(b, ENGINE).mark_scrape_start()
+    b.apply_scrape(ENGINE, EngineMetrics(running=2), 2.0)  # 1 of b's, 1 left of a's
+    assert sum(isinstance(n, Dispatch) for n in b.poll(2.0)) == 1  # b's second starts: its share, 2 of 4
+
+
+def test_the_safe_share_yields_to_what_the_engine_holds_beyond_the_others_shares():
+    for scraped, may_start in ((4, 2), (5, 1)):
+        b = replica(initial=6.0)
+        b.learn(Channel(b"a").batch(Learned([], {}, True)), 0.0)
+        b.learn(Channel(b"c").batch(Learned([], {}, True)), 0.0)
+        b.lost_peers(1.0)
+        # The engine runs ``scraped`` requests b did not send: within the others' 2 + 2, b takes its 2;
+        # beyond them (a replica that never heard of the split, or clients past the gateway), less.
+        engine_of(b, ENGINE).mark_scrape_start()
+        b.apply_scrape(ENGINE, EngineMetrics(running=scraped), 1.0)
+        assert started(start(b, 3, 1.0)) == may_start, scraped
+
+
+def test_a_replica_that_just_started_takes_its_safe_share_until_it_has_heard_everyone():
+    a, newcomer = replica(), replica()
+    fleet = Fleet([a, newcomer])
+    newcomer.share_joining()
+    newcomer.share_resumed(0.0)  # the channel works: settled after full_s (1 s)
+    assert started(start(a, 3)) == 3  # alone so far: the whole limit
+    fleet.round(full=True)
+    assert newcomer.concurrency_limits() == {ENGINE: 2.0}  # two replicas heard so far
+    assert started(start(newcomer, 3)) == 1  # its share is 2, but a's 3 of 4 are heard
+    assert not newcomer.settle_share(1.0)  # settled silently: it joined, nothing was lost
+    rounds(fleet)
+    assert newcomer.concurrency_limits() == {ENGINE: 4.0}
+    assert inflight(a, ENGINE) + inflight(newcomer, ENGINE) == 4
 
 
 def test_a_replica_that_never_heard_another_keeps_the_whole_limit_without_the_channel():
@@ -109,7 +157,7 @@ def test_a_replica_that_never_heard_another_keeps_the_whole_limit_without_the_ch
 
 
 def test_learned_limits_cross_the_wire_and_impossible_ones_are_refused():
-    load = {ENGINE: EngineLoad(2, 100, 3.5), "http://e1:8000": EngineLoad(limit=7.0)}
+    load = {ENGINE: EngineLoad(2, 100, 3.5, 3, 2), "http://e1:8000": EngineLoad(limit=7.0)}
     batch = decode(encode(Batch(b"p" * 16, 1, 0.0, 64, Learned([], load, True))))
     assert batch.learned.load == load
     for bad in (-1.0, math.inf, math.nan):

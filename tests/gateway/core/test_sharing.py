@@ -181,13 +181,18 @@ def test_a_full_report_corrects_what_was_lost_and_silence_forgets():
     assert all(b.engine(e).peer_inflight == 0 and b.engine(e).peer_prefill == 0 for e in ENGINES)
 
 
-def test_losing_the_channel_leaves_only_what_this_replica_knows():
+def test_losing_the_channel_keeps_what_the_others_ran_only_until_the_engines_say_otherwise():
     a, b = replica(), replica()
     channel = Channel(b"a")
-    a.submit(request("r", turns(1, 2)), 0.0)
+    out = a.submit(request("r", turns(1, 2)), 0.0).answer
     b.learn(channel.batch(a.take_learned()), 0.0)
     assert sum(b.engine(e).load for e in ENGINES) == 1
     b.lost_peers()
+    assert all(b.engine(e).peer_inflight == 0 for e in ENGINES)
+    assert sum(b.engine(e).load for e in ENGINES) == 1  # a's request still runs, as far as b knows
+    seen = b.engine(out.engine.id)
+    seen.mark_scrape_start()
+    b.apply_scrape(out.engine.id, EngineMetrics(running=0, waiting=0), 1.0)  # it has ended
     assert sum(b.engine(e).load for e in ENGINES) == 0
 
 

@@ -255,11 +255,11 @@ def test_the_slot_rule_keeps_engines_within_their_adapter_slots():
     assert swaps[True] < swaps[False]
 
 
-def test_replicas_admit_their_safe_share_while_the_channel_is_down_and_share_again_after():
+def test_replicas_fill_no_more_than_one_would_and_their_safe_share_while_the_channel_is_down():
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     argv = ["--engines", "interactive=2,batch=1", "--profile", "gemma4-nvfp4", "--replicas", "2"]
-    argv += ["--batch-flood", "64", "--flood-lengths", "2048,256", "--minutes", "1", "--share-down", "20:40"]
+    argv += ["--batch-flood", "128", "--flood-lengths", "2048,256", "--minutes", "1", "--share-down", "20:40"]
     args = parser.parse_args(argv)
     cluster = Cluster(build_setup(args, "prefix", {"interactive", "batch"}))
     held: list[tuple[float, float, float]] = []  # (when, this replica's in-flight, its share), in the outage
@@ -282,3 +282,5 @@ def test_replicas_admit_their_safe_share_while_the_channel_is_down_and_share_aga
     assert {s["replicas"] for s in spans} == {2}
     assert held and all(20 <= when <= 41.1 and inflight <= share for when, inflight, share in held), held
     assert all(r.done is not None or r.rejected for r in out["records"].values())
+    # Never more on an engine than one replica would start, the flood's first instant included.
+    assert out["overfilled"] == {"dispatches": 0, "max_excess": 0}
