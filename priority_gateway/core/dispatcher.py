@@ -50,7 +50,9 @@ Rules:
   mean does not. Counting the others' in-flight is not enough when replicas start requests within
   the same few ms (each counts only what it has heard of), so a replica that hears others also
   fills an engine only within the slots it holds (``core/holdings.py``): it claims slots for what
-  it runs and what waits at it in every batch, and every replica applies the claims in the order
+  it runs and what waits at it in every batch (with fair queueing, only what its tenants may start:
+  one at its share or giving way to another replica's tenant claims nothing, so the room reaches
+  the replica whose tenant takes it), and every replica applies the claims in the order
   the channel delivers them (its own batches included: ``heard_own``), so all agree on who holds
   what; slots granted start queued requests at once (``admit_granted``). Alone, a replica holds
   the whole limit. While the channel is down (``lost_peers``), each replica fills at most its safe
