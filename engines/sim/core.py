@@ -20,7 +20,9 @@ Scheduling rules (after ``vllm/v1/core/sched/scheduler.py``):
   ``max_num_seqs`` run and budget is left: FCFS in arrival order, or with the ``priority`` policy by
   ``(priority, arrival)``, lower first. The head of the queue blocks the rest (no skipping).
 - A prompt that does not fit in the remaining budget is prefilled in chunks over several steps; a
-  request emits its first token in the step that computes its last prompt token.
+  request emits its first token in the step that computes its last prompt token. As vLLM's
+  ``vllm:iteration_tokens_total``, a step counts the tokens it generated and the prompts of the
+  requests whose first token it made; a step that outputs nothing (chunks only) counts nothing.
 - On admission the longest cached prefix of the request's block hashes is reused, but never the
   last token: a fully cached prompt still computes its last token (hits are whole blocks of at most
   ``num_tokens - 1`` tokens). ``prefix_cache_queries`` grows by the request's tokens and
@@ -419,11 +421,18 @@ class EngineCore:
         result.prefill_tokens = prefill
         result.decode_seqs = decode_seqs
         result.scheduled_tokens = prefill + decode_tokens
-        self.stats.iteration_tokens.observe(prefill + decode_tokens)
+        # As vLLM counts a step's tokens: those generated, and the prompts computed of the requests whose
+        # first token it made; a step of prefill chunks that are not the last outputs nothing, counts nothing.
+        counted = 0
         for seq, n in scheduled:
             output = self._advance(seq, n, end)
             if output is not None:
                 result.outputs.append(output)
+                counted += output.new_tokens
+                if output.first_token:
+                    counted += seq.req.prompt_tokens - output.cached_tokens
+        if result.outputs:
+            self.stats.iteration_tokens.observe(counted)
         if self.lora_slots is not None:
             self._record_lora_info(end)
         self._drain_events(result)
