@@ -318,8 +318,13 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fleet = summary.get("replicas") or []
-    fig, axes = plt.subplots(1, 3 if fleet else 2, figsize=(17 if fleet else 11, 4))
-    left, right = axes[0], axes[1]
+    if fleet:
+        fig = plt.figure(figsize=(13, 8.5))
+        grid = fig.add_gridspec(2, 2)
+        left, right = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
+        replicas_panel(fig.add_subplot(grid[1, :]), fleet)
+    else:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.38
     xs = range(len(TENANTS))
     for i, mode in enumerate(("fair", "unfair")):
@@ -350,8 +355,6 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         ax.set_xticks(list(xs), TENANTS)
         ax.set_ylim(0, 1.05)
         ax.legend(fontsize=8)
-    if fleet:
-        replicas_panel(axes[2], fleet)
     chunk = summary.get("max_num_batched_tokens")
     budget = f", {chunk} prefill tokens a step" if chunk else ""
     fig.suptitle(
@@ -365,8 +368,8 @@ def replicas_panel(ax: Any, fleet: list[dict[str, Any]]) -> None:
     """Per replica setup: Jain's index while all are backlogged, and the well-behaved tenants' least
     attainment with the noisy one present, as a share of one replica's."""
     labels = [
-        f"{row['replicas']}r {row['layout'] if row['replicas'] > 1 else ''}\n"
-        f"{'shared' if row['sharing'] else 'alone'}, {row['limits']}"
+        f"{row['replicas']} {row['layout'] if row['replicas'] > 1 else ''}\n"
+        f"{'shared' if row['sharing'] else 'not shared'}\n{row['limits']}"
         for row in fleet
     ]
     xs = range(len(fleet))
@@ -380,6 +383,7 @@ def replicas_panel(ax: Any, fleet: list[dict[str, Any]]) -> None:
     )
     ax.axhline(0.95, color="gray", linestyle="--", linewidth=1, label="0.95")
     ax.set_xticks(list(xs), labels, fontsize=7)
+    ax.set_xlabel("replicas, how clients reach them; tenants shared or not; engine limits")
     ax.set_ylim(0, 1.1)
     ax.set_title("Several replicas: tenants shared or not; limits pinned or learned")
     ax.legend(fontsize=7, loc="lower left")
