@@ -583,9 +583,31 @@ def fleet_steps(setup: Setup) -> list[tuple[str, float, Callable[[], None]]]:
     ]
 
 
+def fleet_itl_steps(setup: Setup) -> list[tuple[str, float, Callable[[], None]]]:
+    """The fleet plan's one replica against four, each run instrumented (``fleet_itl.py``): every
+    request's timeline with its replica and engine, the engines' own histograms and the host's CPU
+    every half second; three runs of each, alternated (one dry)."""
+    repeats = 1 if setup.dry else 3
+    urls = setup.urls
+    half = len(urls) // 2
+    seconds = max(20.0, setup.seconds(75))
+    args = ["--engines", f"interactive={','.join(urls[:half])}", f"batch={','.join(urls[half:])}"]
+    args += ["--replicas", "4", "--repeats", str(repeats), "--seconds", f"{seconds:g}"]
+    args += ["--warmup-s", f"{setup.seconds(15):g}", "--rate", "2", "--input", "1024", "--output", "128"]
+    args += ["--flood", "192", "--scrape-s", "0.5", *FLEET_BUDGET]
+    total = 2 * repeats * (seconds + 30)
+
+    def run() -> None:
+        realtime_script(setup, "fleet-itl", "gpu/fleet_itl.py", args, total + 240)
+
+    return [("fleet itl", total + 30, run)]
+
+
 def plan_steps(setup: Setup, name: str) -> list[tuple[str, float, Callable[[], None]]]:
     if name == "fleet":
         return fleet_steps(setup)
+    if name == "fleet-itl":
+        return fleet_itl_steps(setup)
     w = workloads(setup)
     hot_order = ["ours-prefix", "vllmr-ca", "vllmr-ca-tuned", "vllmr-rr"]
     mooncake_order = ["vllmr-ca-tuned", "vllmr-rr", "ours-prefix", "vllmr-ca"]  # rotated
@@ -775,7 +797,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", choices=("stage", "unpack", "launch", "wait", "plan", "run"))
     p.add_argument("--carry", type=Path, default=None, help="the carried folder of this call")
-    p.add_argument("--plan", default="full", choices=("full", "smoke", "repeat", "mixed", "fleet"))
+    p.add_argument("--plan", default="full", choices=("full", "smoke", "repeat", "mixed", "fleet", "fleet-itl"))
     p.add_argument("--budget-s", type=float, default=1300.0, help="the plan's whole time, engine start included")
     p.add_argument("--for-s", type=float, default=560.0, help="wait: follow the plan this long, then pack")
     p.add_argument("--deadline-in-s", type=float, default=None, help="wait: move the plan's deadline to now + this")

@@ -1,0 +1,670 @@
+"""Where the interactive ITL tail comes from, one ``gateway serve`` against several, on real engines.
+
+The scene of ``benchmarks/fleet_admission_realtime.py`` (its gateway config and batch flood; the
+interactive Poisson stream; the engines' concurrency sampled every ``--sample-ms``), runs ``one``
+and ``fleet`` alternated ``--repeats`` times, each instrumented so that one sitting tells a gap the
+engine made from one the gateway, the client or the host made:
+
+    python benchmarks/gpu/fleet_itl.py --engines interactive=URL,URL batch=URL,URL \\
+        --replicas 4 --repeats 2 --seconds 75 --redis-server /usr/bin/redis-server --out DIR
+    python benchmarks/gpu/fleet_itl.py --analyze DIR      # the summary and plot again, from DIR
+
+Rules:
+- Every request (interactive and batch) keeps its timeline: sent, the replica it went through,
+  the engine that served it (``x-gateway-engine``, mapped back to the URL), each content event's
+  arrival, and how it ended; ``timelines-<setup>-<repeat>.json.gz``.
+- A process of its own scrapes every engine's ``/metrics`` each ``--scrape-s`` (its ITL histogram
+  ``vllm:inter_token_latency_seconds``, measured in the engine core; ``vllm:iteration_tokens_total``;
+  running, waiting, preemptions) and reads ``/proc`` for the host: busy cores and the CPU each role
+  took (gateway replicas, redis-server, the client, the samplers, everything else: the engines).
+- The client measures its own event loop's lag (a 10 ms ticker), so a stall of the measuring loop
+  shows as what it is.
+- All times are seconds since the run's start on one monotonic clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import re
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fleet_admission_realtime import Flood, gateway_config
+from live_stack import (
+    RoundRobin,
+    Sampler,
+    open_engines,
+    redis_server,
+    say,
+    start_replicas,
+    stop_all,
+    wait_engines_idle,
+)
+
+from priority_gateway.bench import loadgen, stats
+from priority_gateway.bench.loadgen import Sample
+from priority_gateway.bench.workload import SyntheticWorkload, load_arrivals
+from priority_gateway.core.models import engine_tag
+
+SETUPS = ("one", "fleet")
+HELD_KEYS = ("max_held_after_warmup", "limit_max", "series")
+GAP_MS = 100.0  # the ITL budget: a gap over it is what the tail is made of
+ENGINE_SERIES = (
+    "vllm:inter_token_latency_seconds_bucket",
+    "vllm:iteration_tokens_total_bucket",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:num_preemptions_total",
+)
+_SAMPLE = re.compile(r"^([a-z_:]+)(?:\{([^}]*)\})? (\S+)$")
+_LE = re.compile(r'le="([^"]*)"')
+
+
+def progress(message: str) -> None:
+    say("fleet_itl", message)
+
+
+# --- the client: who served each request -----------------------------------------------------------
+
+
+class Placed:
+    """The client of one request: the next replica of ``replicas``, remembering which, and the
+    engine that answered (its ``x-gateway-engine``)."""
+
+    __slots__ = ("engine", "replica", "replicas")
+
+    def __init__(self, replicas: RoundRobin) -> None:
+        self.replicas = replicas
+        self.replica: int | None = None
+        self.engine: str | None = None
+
+    async def request(self, method: bytes, path: bytes, headers: Any = (), body: bytes = b"") -> Any:
+        client = self.replicas.pick()
+        self.replica = self.replicas.clients.index(client)
+        reply = await client.request(method, path, headers, body)
+        tag = reply.header(b"x-gateway-engine")
+        self.engine = tag.decode() if tag else None
+        return reply
+
+
+class Timeline:
+    """One request: its sample, and where it went."""
+
+    __slots__ = ("cls", "placed", "sample")
+
+    def __init__(self, cls: str, sample: Sample, placed: Placed) -> None:
+        self.cls, self.sample, self.placed = cls, sample, placed
+
+    def record(self, origin: float, engines: dict[str, str]) -> dict[str, Any]:
+        s = self.sample
+        ended = s.refused or s.error or ("cancelled" if s.cancelled else "done" if s.done else "open")
+        return {
+            "class": self.cls,
+            "replica": self.placed.replica,
+            "engine": engines.get(self.placed.engine or "", self.placed.engine),
+            "sent": round(s.sent - origin, 4),
+            "chunks": [round(t - origin, 4) for t in s.chunks],
+            "done": None if s.done is None else round(s.done - origin, 4),
+            "ended": ended,
+            "output_tokens": s.output_tokens,
+        }
+
+
+class TracedFlood(Flood):
+    """The batch flood of ``fleet_admission_realtime``, each request's placement kept."""
+
+    def __init__(self, replicas: RoundRobin, model: str, workload: SyntheticWorkload) -> None:
+        super().__init__(loadgen.Target(replicas, model, x_priority="batch"), workload)
+        self.replicas = replicas
+        self.timelines: list[Timeline] = []
+
+    async def worker(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        while True:
+            placed = Placed(self.replicas)
+            sample = Sample("batch", loadgen.now())
+            self.samples.append(sample)
+            self.timelines.append(Timeline("batch", sample, placed))
+            target = loadgen.Target(placed, self.target.model, x_priority="batch")
+            await loadgen.stream_one(target, self.workload.next(), sample)
+            if sample.refused is not None or sample.error is not None:
+                await asyncio.sleep(sample.retry_after or 1.0)
+
+
+async def loop_lag(origin: float, lags: list[tuple[float, float]], tick_s: float = 0.01) -> None:
+    """Each tick's lateness over 5 ms: the client's own loop stalling."""
+    while True:
+        before = loadgen.now()
+        await asyncio.sleep(tick_s)
+        late = loadgen.now() - before - tick_s
+        if late > 0.005:
+            lags.append((round(before - origin, 3), round(late * 1000.0, 1)))
+
+
+async def drive(urls: list[str], model: str, engines: dict[str, str], args: argparse.Namespace, seed: int) -> dict:
+    """The interactive stream and the flood through ``urls``; every request's timeline."""
+    tag = secrets.token_hex(4)
+    minutes = args.seconds / 60.0
+    arrivals = load_arrivals(
+        [f"poisson:rate={args.rate},input={args.input},output={args.output},minutes={minutes:g},seed={seed}"],
+        x_priority="interactive",
+        tag=tag,
+    )
+    interactive = RoundRobin(urls, read_timeout=600)
+    batch = RoundRobin(urls, read_timeout=3600)
+    loop = asyncio.get_running_loop()
+    origin = loadgen.now()
+    workload = SyntheticWorkload(args.input, args.output, seed=seed, tag=f"{tag}/batch")
+    flood = TracedFlood(batch, model, workload)
+    lags: list[tuple[float, float]] = []
+    side = [loop.create_task(flood.worker(args.ramp_s * n / args.flood)) for n in range(args.flood)]
+    side.append(loop.create_task(loop_lag(origin, lags)))
+    timelines: list[Timeline] = []
+    running: set[asyncio.Task[None]] = set()
+    try:
+        for arrival in arrivals:
+            wait = origin + arrival.arrival - loadgen.now()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            placed = Placed(interactive)
+            sample = Sample("interactive", loadgen.now())
+            timelines.append(Timeline("interactive", sample, placed))
+            target = loadgen.Target(placed, model, x_priority="interactive")
+            task = loop.create_task(loadgen.stream_one(target, arrival.spec(), sample))
+            running.add(task)
+            task.add_done_callback(running.discard)
+        if running:
+            await asyncio.gather(*running)
+    finally:
+        for task in side:
+            task.cancel()
+        await asyncio.gather(*side, return_exceptions=True)
+        await interactive.aclose()
+        await batch.aclose()
+    warm = [t.sample for t in timelines if t.sample.sent - origin >= args.warmup_s]
+    return {
+        "interactive": stats.summarize(warm, *args.budget_ms),
+        "batch_statuses": flood.statuses(),
+        "elapsed_s": round(loadgen.now() - origin, 1),
+        "client_loop_lag_ms": lags,
+        "timelines": [t.record(origin, engines) for t in [*timelines, *flood.timelines]],
+    }
+
+
+# --- the engines' own histograms and the host, every second, in a process of its own ---------------
+
+
+def engine_series(text: str) -> dict[str, Any]:
+    """The ``ENGINE_SERIES`` of one ``/metrics`` text, summed over label sets (buckets by ``le``)."""
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        if not line.startswith(ENGINE_SERIES):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        name, labels, value = match.groups()
+        if name.endswith("_bucket"):
+            le = _LE.search(labels or "")
+            buckets = out.setdefault(name.removesuffix("_bucket"), {})
+            if le:
+                buckets[le.group(1)] = buckets.get(le.group(1), 0.0) + float(value)
+        else:
+            out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+def _jiffies(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def _cores() -> list[tuple[int, int]]:
+    """(busy, total) jiffies of each core."""
+    out = []
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("cpu") and line[3].isdigit():
+            values = [int(v) for v in line.split()[1:]]
+            idle = values[3] + values[4]
+            out.append((sum(values) - idle, sum(values)))
+    return out
+
+
+def host_sample(roles: dict[str, list[int]]) -> tuple[dict[str, int], list[tuple[int, int]]]:
+    """Jiffies by role (every other process on the host is ``other``), and each core's counters."""
+    known = {pid: role for role, pids in roles.items() for pid in pids}
+    by_role = dict.fromkeys([*roles, "other"], 0)
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            pid = int(entry.name)
+            by_role[known.get(pid, "other")] += _jiffies(pid)
+    return by_role, _cores()
+
+
+def _scrape(url: str) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=2) as response:
+            return engine_series(response.read().decode())
+    except (OSError, ValueError):
+        return None
+
+
+def _scraper_main(
+    urls: list[str], roles: dict[str, list[int]], origin: float, every_s: float, conn: Connection
+) -> None:
+    roles = {**roles, "scraper": [os.getpid()]}
+    ticks: list[dict[str, Any]] = []
+    last_roles, last_cores = host_sample(roles)
+    hz = os.sysconf("SC_CLK_TCK")
+    while not conn.poll():
+        t = time.monotonic() - origin
+        engines = {url: _scrape(url) for url in urls}
+        by_role, cores = host_sample(roles)
+        shares = [(b - b0) / max(1, n - n0) for (b, n), (b0, n0) in zip(cores, last_cores, strict=False)]
+        span = max(1e-6, sum(n - n0 for (_, n), (_, n0) in zip(cores, last_cores, strict=False)) / len(cores) / hz)
+        ticks.append(
+            {
+                "t": round(t, 3),
+                "engines": engines,
+                "busy_cores": round(sum(shares), 2),
+                "cores_over_90pct": sum(s > 0.9 for s in shares),
+                "cpu_cores_by_role": {r: round((by_role[r] - last_roles.get(r, 0)) / hz / span, 2) for r in by_role},
+                "loadavg_1m": float(Path("/proc/loadavg").read_text().split()[0]),
+            }
+        )
+        last_roles, last_cores = by_role, cores
+        time.sleep(max(0.0, every_s - (time.monotonic() - origin - t)))
+    conn.send(ticks)
+
+
+class Scraper:
+    """``_scraper_main`` in a child process, from ``start`` until ``stop`` (its ticks)."""
+
+    def __init__(self, urls: list[str], roles: dict[str, list[int]], origin: float, every_s: float) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._proc = context.Process(target=_scraper_main, args=(urls, roles, origin, every_s, child), daemon=True)
+        self._proc.start()
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._conn.send("stop")
+        ticks = self._conn.recv() if self._conn.poll(30) else []
+        self._proc.join(timeout=10)
+        return ticks
+
+
+# --- one run ---------------------------------------------------------------------------------------
+
+
+def one_run(setup: str, rep: int, engines: Any, args: argparse.Namespace, tmp: Path, out: Path) -> dict[str, Any]:
+    replicas_n = 1 if setup == "one" else args.replicas
+    gateway_args = argparse.Namespace(budget_ms=args.budget_ms, batch_scheduling=args.batch_scheduling)
+    redis = redis_server(args.redis_server, tmp).start()
+    all_urls = [u for us in engines.urls.values() for u in us]
+    tags = {engine_tag(u): u for u in all_urls}
+    replicas = []
+    try:
+        replicas = start_replicas(tmp, gateway_config(engines, redis.url, gateway_args), replicas_n)
+        urls = [r.url for r in replicas]
+        sampler = Sampler(engines.pool_of, urls, args.sample_ms / 1000.0, args.warmup_s)
+        roles = {
+            "gateways": [r.popen.pid for r in replicas if r.popen is not None],
+            "redis": [redis.proc.popen.pid] if redis.proc and redis.proc.popen else [],
+            "client": [os.getpid()],
+            "sampler": [sampler._proc.pid] if sampler._proc.pid else [],
+        }
+        origin_mono, origin = time.monotonic(), loadgen.now()
+        scraper = Scraper(all_urls, roles, origin_mono, args.scrape_s)
+        result = asyncio.run(drive(urls, engines.model, tags, args, seed=args.seed + rep))
+        result["clock_skew_s"] = round((loadgen.now() - origin) - (time.monotonic() - origin_mono), 4)
+        ticks = scraper.stop()
+        sampled = sampler.stop()
+    finally:
+        stop_all(replicas)
+        redis.stop()
+    if not wait_engines_idle(all_urls):
+        progress("  engines still hold requests 120 s after the run: the next run starts on a busy fleet")
+    timelines = result.pop("timelines")
+    run = {
+        "setup": setup,
+        "repeat": rep,
+        "replicas": replicas_n,
+        "replica_urls": urls,
+        "pools": engines.pool_of,
+        "warmup_s": args.warmup_s,
+        **result,
+        "held": {
+            u: {k: e[k] for k in ("max_held_after_warmup", "limit_max", "series")}
+            for u, e in sampled["engines"].items()
+        },
+    }
+    with gzip.open(out / f"timelines-{setup}-{rep}.json.gz", "wt") as f:
+        json.dump({"timelines": timelines, "ticks": ticks}, f, separators=(",", ":"))
+    return run
+
+
+# --- analysis --------------------------------------------------------------------------------------
+
+
+def _hist_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+    if not before or not after:
+        return {}
+    return {le: after[le] - before.get(le, 0.0) for le in after}
+
+
+def _engine_delta(first: dict | None, last: dict | None, url: str, name: str) -> dict[str, float]:
+    """One engine's histogram ``name`` between two scraper ticks."""
+    if first is None or last is None:
+        return {}
+    return _hist_delta((first["engines"].get(url) or {}).get(name), (last["engines"].get(url) or {}).get(name))
+
+
+def _over(hist: dict[str, float], bound_s: float) -> float:
+    """Observations over ``bound_s`` in a cumulative histogram (``bound_s`` must be a bucket's bound)."""
+    total = hist.get("+Inf", 0.0)
+    under = next((v for le, v in hist.items() if le != "+Inf" and math.isclose(float(le), bound_s)), None)
+    return total - under if under is not None else float("nan")
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+
+def analyse(run: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """Where the run's gaps over ``GAP_MS`` were: which engine, replica, when; the engines' own count
+    of ITLs over the same bound in the same window; the host around each gap."""
+    warm = run["warmup_s"]
+    timelines, ticks = data["timelines"], data["ticks"]
+    pools = run["pools"]
+    window = [t for t in ticks if t["t"] >= warm]
+    first, last = (window[0], window[-1]) if len(window) > 1 else (None, None)
+    per_engine: dict[str, Any] = {}
+    gaps_over: list[dict[str, Any]] = []
+    for url, pool in sorted(pools.items()):
+        client = [
+            (c[i], (c[i] - c[i - 1]) * 1000.0, tl)
+            for tl in timelines
+            if tl["engine"] == url
+            for c in [tl["chunks"]]
+            for i in range(1, len(c))
+            if first is not None and first["t"] <= c[i - 1] and c[i] <= last["t"]
+        ]
+        itl = _engine_delta(first, last, url, "vllm:inter_token_latency_seconds")
+        steps = _engine_delta(first, last, url, "vllm:iteration_tokens_total")
+        per_engine[url] = {
+            "pool": pool,
+            "client_gaps": len(client),
+            "client_gaps_over_100ms": sum(g > GAP_MS for _, g, _ in client),
+            "client_gaps_over_100ms_interactive": sum(
+                g > GAP_MS and tl["class"] == "interactive" for _, g, tl in client
+            ),
+            "client_gap_p50_ms": _pct([g for _, g, _ in client], 0.5),
+            "client_gap_p99_ms": _pct([g for _, g, _ in client], 0.99),
+            "engine_itl_count": itl.get("+Inf"),
+            "engine_itl_over_100ms": _over(itl, 0.1) if itl else None,
+            "engine_itl_over_200ms": _over(itl, 0.2) if itl else None,
+            "engine_steps_by_tokens_le": steps,
+        }
+        for t, g, tl in client:
+            if g > GAP_MS:
+                gaps_over.append(
+                    {
+                        "t": round(t, 3),
+                        "gap_ms": round(g, 1),
+                        "engine": url,
+                        "pool": pool,
+                        "replica": tl["replica"],
+                        "class": tl["class"],
+                    }
+                )
+    # Whole-run ITL of the measured interactive requests (as fleet_admission_realtime counts it).
+    measured = [tl for tl in timelines if tl["class"] == "interactive" and tl["sent"] >= warm and tl["ended"] == "done"]
+    itl = [(c[i] - c[i - 1]) * 1000.0 for tl in measured for c in [tl["chunks"]] for i in range(1, len(c))]
+    tail = [
+        {"t": c[i], "gap_ms": (c[i] - c[i - 1]) * 1000.0, "engine": tl["engine"], "replica": tl["replica"]}
+        for tl in measured
+        for c in [tl["chunks"]]
+        for i in range(1, len(c))
+        if (c[i] - c[i - 1]) * 1000.0 > GAP_MS
+    ]
+    by_replica: dict[str, dict[str, int]] = {}
+    for tl in measured:
+        c = tl["chunks"]
+        row = by_replica.setdefault(str(tl["replica"]), {"gaps": 0, "over_100ms": 0})
+        row["gaps"] += max(0, len(c) - 1)
+        row["over_100ms"] += sum((c[i] - c[i - 1]) * 1000.0 > GAP_MS for i in range(1, len(c)))
+    by_engine: dict[str, int] = {}
+    for g in tail:
+        by_engine[g["engine"]] = by_engine.get(g["engine"], 0) + 1
+    # A gap on one engine that others share in time is the GPU's or the host's, not that request's.
+    for g in tail:
+        start = g["t"] - g["gap_ms"] / 1000.0
+        others = [o for o in gaps_over if o["t"] > start and o["t"] - o["gap_ms"] / 1000.0 < g["t"]]
+        g["same_engine_concurrent"] = sum(o["engine"] == g["engine"] for o in others) - 1
+        g["other_engines_concurrent"] = sorted({o["engine"] for o in others if o["engine"] != g["engine"]})
+        tick = min(ticks, key=lambda k: abs(k["t"] - g["t"])) if ticks else None
+        g["busy_cores"] = tick["busy_cores"] if tick else None
+        g["cores_over_90pct"] = tick["cores_over_90pct"] if tick else None
+        g["t"], g["gap_ms"] = round(g["t"], 3), round(g["gap_ms"], 1)
+    lag = run.get("client_loop_lag_ms") or []
+    busy = [k["busy_cores"] for k in window]
+    roles = window[0]["cpu_cores_by_role"].keys() if window else []
+    return {
+        "setup": run["setup"],
+        "repeat": run["repeat"],
+        "replicas": run["replicas"],
+        "interactive_itl_p50_ms": _pct(itl, 0.5),
+        "interactive_itl_p99_ms": _pct(itl, 0.99),
+        "interactive_itl_p99_ms_as_reported": run["interactive"].get("itl_p99_ms"),
+        "interactive_ttft_p99_ms": run["interactive"].get("ttft_p99_ms"),
+        "interactive_completed": run["interactive"].get("completed"),
+        "interactive_refused": run["interactive"].get("refused"),
+        "interactive_gaps": len(itl),
+        "interactive_gaps_over_100ms": len(tail),
+        "interactive_gaps_over_100ms_by_engine": by_engine,
+        "interactive_gaps_by_replica": by_replica,
+        "engines": per_engine,
+        "client_loop_lag_over_50ms": sum(ms > 50 for _, ms in lag),
+        "client_loop_lag_max_ms": max((ms for _, ms in lag), default=0.0),
+        "host_busy_cores_p50": _pct(busy, 0.5),
+        "host_busy_cores_max": max(busy, default=None),
+        "host_cores_by_role_mean": {
+            r: round(statistics.mean(k["cpu_cores_by_role"][r] for k in window), 2) for r in roles
+        },
+        "interactive_gaps_over_100ms_list": tail,
+    }
+
+
+def summarize(analyses: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = (
+        "interactive_itl_p50_ms",
+        "interactive_itl_p99_ms",
+        "interactive_ttft_p99_ms",
+        "interactive_gaps_over_100ms",
+    )
+    medians = {}
+    for setup in SETUPS:
+        rows = [a for a in analyses if a["setup"] == setup]
+        medians[setup] = {
+            k: (round(statistics.median(v), 2) if (v := [a[k] for a in rows if a[k] is not None]) else None)
+            for k in keys
+        }
+    client_over = {s: 0 for s in SETUPS}
+    engine_over = {s: 0.0 for s in SETUPS}
+    for a in analyses:
+        for e in a["engines"].values():
+            if e["pool"] == "interactive":
+                client_over[a["setup"]] += e["client_gaps_over_100ms"]
+                engine_over[a["setup"]] += e["engine_itl_over_100ms"] or 0.0
+    return {
+        "medians": medians,
+        "interactive_engines_gaps_over_100ms": {"client": client_over, "engine_histogram": engine_over},
+    }
+
+
+def plot(analyses: list[dict[str, Any]], datas: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(analyses), 1, figsize=(14, 2.8 * len(analyses)), sharex=True, squeeze=False)
+    markers = "os^Dv"
+    for ax, a, data in zip(axes[:, 0], analyses, datas, strict=True):
+        pools = {tl["engine"] for tl in data["timelines"] if tl["class"] == "interactive" and tl["engine"]}
+        engines = sorted(pools)
+        colors = {u: f"C{i}" for i, u in enumerate(engines)}
+        for tl in data["timelines"]:
+            if tl["class"] != "interactive" or tl["engine"] not in colors or len(tl["chunks"]) < 2:
+                continue
+            c = tl["chunks"]
+            ax.scatter(
+                c[1:],
+                [(c[i] - c[i - 1]) * 1000.0 for i in range(1, len(c))],
+                s=4,
+                color=colors[tl["engine"]],
+                marker=markers[(tl["replica"] or 0) % len(markers)],
+                alpha=0.5,
+            )
+        ax.axhline(GAP_MS, color="black", linestyle="--", linewidth=1)
+        ax.set_yscale("log")
+        ax.set_ylabel("ITL (ms)")
+        twin = ax.twinx()
+        ticks = data["ticks"]
+        for url in engines:
+            xs, ys = [], []
+            for before, after in itertools.pairwise(ticks):
+                b = (before["engines"].get(url) or {}).get("vllm:inter_token_latency_seconds")
+                e = (after["engines"].get(url) or {}).get("vllm:inter_token_latency_seconds")
+                if b and e:
+                    xs.append(after["t"])
+                    ys.append(_over(_hist_delta(b, e), 0.1))
+            twin.step(
+                xs,
+                ys,
+                where="pre",
+                color=colors[url],
+                linewidth=1,
+                label=f"{url.rsplit(':', 1)[-1]}: engine ITL>100ms/tick",
+            )
+        twin.plot(
+            [k["t"] for k in ticks],
+            [k["busy_cores"] for k in ticks],
+            color="grey",
+            linewidth=1,
+            label="host busy cores",
+        )
+        twin.set_ylabel("count / cores")
+        twin.legend(fontsize=7, loc="upper right")
+        ax.set_title(
+            f"{a['setup']} (repeat {a['repeat']}, {a['replicas']} replica(s)): interactive ITL p99 "
+            f"{a['interactive_itl_p99_ms']} ms, {a['interactive_gaps_over_100ms']} gaps > 100 ms "
+            "(dots: client gaps by engine colour, replica marker)",
+            fontsize=9,
+        )
+    axes[-1, 0].set_xlabel("seconds into the run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def write_summary(out: Path, runs: list[dict[str, Any]], command: str) -> dict[str, Any]:
+    datas = []
+    analyses = []
+    for run in runs:
+        with gzip.open(out / f"timelines-{run['setup']}-{run['repeat']}.json.gz", "rt") as f:
+            data = json.load(f)
+        datas.append(data)
+        analyses.append(analyse(run, data))
+    summary = {"command": command, **summarize(analyses), "runs": analyses}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    try:
+        plot(analyses, datas, out / "fleet_itl.png")
+    except ImportError:  # the device may lack matplotlib: plot here with --analyze
+        progress("no matplotlib: no plot (run --analyze where it is installed)")
+    return summary
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engines", nargs="+", metavar="POOL=URL,URL", help="external engines; else simulated here")
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--seconds", type=float, default=75.0, help="each run's interactive stream")
+    p.add_argument("--warmup-s", type=float, default=15.0)
+    p.add_argument("--rate", type=float, default=2.0, help="interactive requests/s (Poisson)")
+    p.add_argument("--input", type=int, default=1024)
+    p.add_argument("--output", type=int, default=128)
+    p.add_argument("--flood", type=int, default=192)
+    p.add_argument("--ramp-s", type=float, default=10.0)
+    p.add_argument("--batch-scheduling", choices=("priority", "fcfs"), default="priority")
+    p.add_argument(
+        "--budget-ms", type=lambda v: tuple(float(x) for x in v.split(",")), default=(1000.0, 100.0), metavar="TTFT,ITL"
+    )
+    p.add_argument("--redis-server", default="redis-server")
+    p.add_argument("--sample-ms", type=float, default=10.0, help="the engines' concurrency, as fleet_admission samples")
+    p.add_argument("--scrape-s", type=float, default=1.0, help="the engines' histograms and the host, this often")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--interactive-profile", default="gemma4-nvfp4", help="simulated engines (no --engines)")
+    p.add_argument("--batch-profile", default="gemma4-nvfp4-mtp4")
+    p.add_argument("--analyze", metavar="DIR", help="run nothing: the summary and plot again from DIR")
+    p.add_argument("--out", default="benchmarks/results/gpu/fleet/itl")
+    args = p.parse_args()
+    command = " ".join(["python", "benchmarks/gpu/fleet_itl.py", *sys.argv[1:]])
+    if args.analyze:
+        out = Path(args.analyze)
+        summary = write_summary(out, json.loads((out / "runs.json").read_text()), command)
+        print(json.dumps({k: summary[k] for k in ("medians", "interactive_engines_gaps_over_100ms")}, indent=1))
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        simulated = {
+            "interactive": (2, ["--profile", args.interactive_profile]),
+            "batch": (2, ["--profile", args.batch_profile, "--scheduling-policy", args.batch_scheduling]),
+        }
+        engines = open_engines(tmp, args.engines, simulated)
+        try:
+            for rep in range(args.repeats):
+                for setup in SETUPS:
+                    progress(f"repeat {rep + 1}/{args.repeats}, {setup}: {args.seconds:g} s ...")
+                    run = one_run(setup, rep, engines, args, tmp, out)
+                    runs.append(run)
+                    (out / "runs.json").write_text(json.dumps(runs, separators=(",", ":")) + "\n")
+                    i = run["interactive"]
+                    progress(
+                        f"  TTFT p99 {i.get('ttft_p99_ms')} ms, ITL p50 {i.get('itl_p50_ms')} p99 "
+                        f"{i.get('itl_p99_ms')} ms, completed {i.get('completed')}, refused {i.get('refused')}"
+                    )
+        finally:
+            engines.stop()
+    summary = write_summary(out, runs, command)
+    print(json.dumps({k: summary[k] for k in ("medians", "interactive_engines_gaps_over_100ms")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
