@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,7 @@ ENGINE_SERIES = (
     "vllm:num_requests_waiting",
     "vllm:num_preemptions_total",
 )
+_GATEWAY_ITL = re.compile(r'^gateway_itl_seconds_bucket\{class="([^"]*)",le="([^"]*)",pool="([^"]*)"\} (\S+)$', re.M)
 _SAMPLE = re.compile(r"^([a-z_:]+)(?:\{([^}]*)\})? (\S+)$")
 _LE = re.compile(r'le="([^"]*)"')
 
@@ -231,6 +232,15 @@ def engine_series(text: str) -> dict[str, Any]:
     return out
 
 
+def gateway_itl(text: str) -> dict[str, dict[str, float]]:
+    """A replica's own ``gateway_itl_seconds`` buckets (the gaps it saw from the engine), by
+    ``class/pool``."""
+    out: dict[str, dict[str, float]] = {}
+    for cls, le, pool, value in _GATEWAY_ITL.findall(text):
+        out.setdefault(f"{cls}/{pool}", {})[le] = float(value)
+    return out
+
+
 def _jiffies(pid: int) -> int:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -250,49 +260,62 @@ def _cores() -> list[tuple[int, int]]:
     return out
 
 
-def host_sample(roles: dict[str, list[int]]) -> tuple[dict[str, int], list[tuple[int, int]]]:
-    """Jiffies by role (every other process on the host is ``other``), and each core's counters."""
+def host_sample() -> tuple[dict[int, int], list[tuple[int, int]]]:
+    """Every process's jiffies, and each core's counters."""
+    return {int(e.name): _jiffies(int(e.name)) for e in os.scandir("/proc") if e.name.isdigit()}, _cores()
+
+
+def by_role(roles: dict[str, list[int]], before: dict[int, int], after: dict[int, int]) -> dict[str, int]:
+    """Jiffies each role took between two samples (every other process on the host is ``other``);
+    a process only in one of them does not count."""
     known = {pid: role for role, pids in roles.items() for pid in pids}
-    by_role = dict.fromkeys([*roles, "other"], 0)
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            pid = int(entry.name)
-            by_role[known.get(pid, "other")] += _jiffies(pid)
-    return by_role, _cores()
+    out = dict.fromkeys([*roles, "other"], 0)
+    for pid, jiffies in after.items():
+        if pid in before:
+            out[known.get(pid, "other")] += jiffies - before[pid]
+    return out
 
 
-def _scrape(url: str) -> dict[str, Any] | None:
+def _scrape(url: str, parse: Callable[[str], Any]) -> Any:
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=2) as response:
-            return engine_series(response.read().decode())
+            return parse(response.read().decode())
     except (OSError, ValueError):
         return None
 
 
 def _scraper_main(
-    urls: list[str], roles: dict[str, list[int]], origin: float, every_s: float, conn: Connection
+    urls: list[str],
+    gateways: list[str],
+    roles: dict[str, list[int]],
+    origin: float,
+    every_s: float,
+    conn: Connection,
 ) -> None:
     roles = {**roles, "scraper": [os.getpid()]}
     ticks: list[dict[str, Any]] = []
-    last_roles, last_cores = host_sample(roles)
+    last_procs, last_cores = host_sample()
     hz = os.sysconf("SC_CLK_TCK")
     while not conn.poll():
         t = time.monotonic() - origin
-        engines = {url: _scrape(url) for url in urls}
-        by_role, cores = host_sample(roles)
+        engines = {url: _scrape(url, engine_series) for url in urls}
+        replicas = [_scrape(url, gateway_itl) for url in gateways]
+        procs, cores = host_sample()
+        took = by_role(roles, last_procs, procs)
         shares = [(b - b0) / max(1, n - n0) for (b, n), (b0, n0) in zip(cores, last_cores, strict=False)]
         span = max(1e-6, sum(n - n0 for (_, n), (_, n0) in zip(cores, last_cores, strict=False)) / len(cores) / hz)
         ticks.append(
             {
                 "t": round(t, 3),
                 "engines": engines,
+                "gateway_itl": replicas,
                 "busy_cores": round(sum(shares), 2),
                 "cores_over_90pct": sum(s > 0.9 for s in shares),
-                "cpu_cores_by_role": {r: round((by_role[r] - last_roles.get(r, 0)) / hz / span, 2) for r in by_role},
+                "cpu_cores_by_role": {r: round(j / hz / span, 2) for r, j in took.items()},
                 "loadavg_1m": float(Path("/proc/loadavg").read_text().split()[0]),
             }
         )
-        last_roles, last_cores = by_role, cores
+        last_procs, last_cores = procs, cores
         time.sleep(max(0.0, every_s - (time.monotonic() - origin - t)))
     conn.send(ticks)
 
@@ -300,10 +323,13 @@ def _scraper_main(
 class Scraper:
     """``_scraper_main`` in a child process, from ``start`` until ``stop`` (its ticks)."""
 
-    def __init__(self, urls: list[str], roles: dict[str, list[int]], origin: float, every_s: float) -> None:
+    def __init__(
+        self, urls: list[str], gateways: list[str], roles: dict[str, list[int]], origin: float, every_s: float
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
-        self._proc = context.Process(target=_scraper_main, args=(urls, roles, origin, every_s, child), daemon=True)
+        args = (urls, gateways, roles, origin, every_s, child)
+        self._proc = context.Process(target=_scraper_main, args=args, daemon=True)
         self._proc.start()
 
     def stop(self) -> list[dict[str, Any]]:
@@ -334,7 +360,7 @@ def one_run(setup: str, rep: int, engines: Any, args: argparse.Namespace, tmp: P
             "sampler": [sampler._proc.pid] if sampler._proc.pid else [],
         }
         origin_mono, origin = time.monotonic(), loadgen.now()
-        scraper = Scraper(all_urls, roles, origin_mono, args.scrape_s)
+        scraper = Scraper(all_urls, urls, roles, origin_mono, args.scrape_s)
         result = asyncio.run(drive(urls, engines.model, tags, args, seed=args.seed + rep))
         result["clock_skew_s"] = round((loadgen.now() - origin) - (time.monotonic() - origin_mono), 4)
         ticks = scraper.stop()
@@ -377,6 +403,16 @@ def _engine_delta(first: dict | None, last: dict | None, url: str, name: str) ->
     if first is None or last is None:
         return {}
     return _hist_delta((first["engines"].get(url) or {}).get(name), (last["engines"].get(url) or {}).get(name))
+
+
+def _gateway_delta(first: dict | None, last: dict | None, replica: str, key: str) -> dict[str, float]:
+    """Replica ``replica``'s own ITL histogram of ``class/pool`` between two scraper ticks."""
+
+    def at(tick: dict) -> dict[str, float] | None:
+        seen = tick.get("gateway_itl") or []
+        return (seen[int(replica)] or {}).get(key) if replica.isdigit() and int(replica) < len(seen) else None
+
+    return {} if first is None or last is None else _hist_delta(at(first), at(last))
 
 
 def _over(hist: dict[str, float], bound_s: float) -> float:
@@ -456,6 +492,18 @@ def analyse(run: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         row = by_replica.setdefault(str(tl["replica"]), {"gaps": 0, "over_100ms": 0})
         row["gaps"] += max(0, len(c) - 1)
         row["over_100ms"] += sum((c[i] - c[i - 1]) * 1000.0 > GAP_MS for i in range(1, len(c)))
+    for n, row in by_replica.items():
+        for key in ("interactive/interactive", "batch/interactive"):
+            seen = _gateway_delta(first, last, n, key)
+            row[f"gateway_saw_over_100ms_{key.replace('/', '_on_')}"] = _over(seen, 0.1) if seen else None
+        row["client_over_100ms_in_window"] = sum(
+            (c[i] - c[i - 1]) * 1000.0 > GAP_MS
+            for tl in timelines
+            if tl["class"] == "interactive" and str(tl["replica"]) == n and first is not None
+            for c in [tl["chunks"]]
+            for i in range(1, len(c))
+            if first["t"] <= c[i - 1] and c[i] <= last["t"]
+        )
     by_engine: dict[str, int] = {}
     for g in tail:
         by_engine[g["engine"]] = by_engine.get(g["engine"], 0) + 1
