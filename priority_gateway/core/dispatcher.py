@@ -43,12 +43,14 @@ Rules:
 - When a queue is full, the newest batch request of the heaviest batch tenant is shed to make
   room; a batch request that finds the queue full of interactive work is refused.
 - Replicas sharing their load (``core/sharing.py``) admit fleet-wide: an engine's room is its
-  limit, the mean of those this replica and the others heard learned for it, less everyone's
-  in-flight requests there. Each replica learns from its own requests' gaps only, a share of the
-  engine's, and the replicas' limits step up and down out of phase: the minimum of such estimates
-  stays below what one replica seeing every gap learns (``benchmarks/fleet_admission.py``), the
-  mean does not. Counting the others' in-flight is not enough when replicas start requests within
-  the same few ms (each counts only what it has heard of), so a replica that hears others also
+  limit, the mean of those this replica and the others heard learned for it rounded to the nearest
+  whole request (``fleet_limit``), less everyone's in-flight requests there. Each replica learns
+  from its own requests' gaps only, a share of the engine's, and the replicas' limits step up and
+  down out of phase: the minimum of such estimates stays below what one replica seeing every gap
+  learns (``benchmarks/fleet_admission.py``), the mean does not, and rounded to the nearest no one
+  replica's step moves it (rounded up, any one's step up did). Counting the others' in-flight is
+  not enough when replicas start requests within the same few ms (each counts only what it has
+  heard of), so a replica that hears others also
   fills an engine only within the slots it holds (``core/holdings.py``): it claims slots for what
   it runs and what waits at it in every batch (with fair queueing, only what its tenants may start:
   one at its share or giving way to another replica's tenant claims nothing, so the room reaches
@@ -83,7 +85,7 @@ from priority_gateway.core.reasons import Refusal
 from priority_gateway.core.request import RouteRequest
 from priority_gateway.core.routing import Choice, Policy, make_policy
 from priority_gateway.core.safe_share import SafeShare
-from priority_gateway.core.sharing import Batch, EngineLoad, Learned, Peers
+from priority_gateway.core.sharing import Batch, EngineLoad, Learned, Peers, fleet_limit
 from priority_gateway.core.slots import FullEngine, Running, SlotTimes
 from priority_gateway.core.tenant_share import FleetTenants, Key, TenantBatch, TenantShare, TenantShares
 from priority_gateway.core.tenants import TenantLoad
@@ -574,7 +576,7 @@ class Dispatcher:
     def _fleet_limit(self, engine: EngineState) -> float:
         own = self.limits[engine.id].limit
         peers = engine.peer_limits
-        return own if not peers else (own + sum(peers)) / (1 + len(peers))
+        return own if not peers else fleet_limit((own, *peers))
 
     def _capacity(self, engine: EngineState) -> tuple[float, float]:
         """(load counted, limit) for admission: everyone's load against the fleet's limit, or in the

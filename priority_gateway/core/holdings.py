@@ -11,9 +11,10 @@ the claims in that order, every replica computes the same holdings, and each fil
 within its own.
 
 Rules:
-- Slots: the mean of the limits in the batches heard for the engine (the replica's own as heard
-  back), rounded up as one replica's admission rounds (it starts a request while its load is under
-  the limit); without any, the replica's fixed limit for it. Holdings add up to at most the slots.
+- Slots: the limit the fleet applies (``fleet_limit``: the mean of the limits in the batches heard
+  for the engine, the replica's own as heard back, rounded to the nearest whole request); without
+  any, the replica's fixed limit for it, rounded up as one replica's admission rounds (it starts a
+  request while its load is under the limit). Holdings add up to at most the slots.
 - A holder occupies the larger of its holding and the in-flight requests it last reported: a
   replica that fills an engine without holding slots (in its safe share) still leaves them taken.
 - Each load entry carries the publisher's ``claim`` (the holding it needs, and waits for), its
@@ -42,7 +43,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from priority_gateway.core.sharing import EngineLoad
+from priority_gateway.core.sharing import EngineLoad, fleet_limit
 
 SELF = b""
 """The key of this replica's own holdings (publishers' ids are 16 bytes)."""
@@ -163,13 +164,12 @@ class Holdings:
 
     def _count(self, engine: str, fixed: float) -> tuple[int, int]:
         """(slots, occupied) in one pass over the holders."""
-        total, n, occupied = 0.0, 0, 0
+        limits, occupied = [], 0
         for holder in self._engines.get(engine, {}).values():
             if holder.limit > 0:
-                total += holder.limit
-                n += 1
+                limits.append(holder.limit)
             occupied += holder.held if holder.held > holder.inflight else holder.inflight
-        return math.ceil(total / n if n else fixed), occupied
+        return int(fleet_limit(limits)) if limits else math.ceil(fixed), occupied
 
     def held(self, engine: str, publisher: bytes = SELF) -> int:
         holder = self._engines.get(engine, {}).get(publisher)

@@ -9,7 +9,7 @@ Rules:
   - their own load per engine (``EngineLoad``): requests in flight, pending prefill (uncached
     prompt tokens sent that have not reached their first token: the queue a new request would wait
     behind), and the concurrency limit the replica learned for the engine (0: none; every replica
-    admits against the mean of those heard and its own, so all agree on one limit and the fleet
+    admits against ``fleet_limit`` of those heard and its own, so all agree on one limit and the fleet
     puts no more on an engine than one replica would), and its claim and holding of the engine's
     slots (``core/holdings.py``: how many of them it may fill).
 - Applying a fact does to the index what routing the request did: record the blocks on the engine,
@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import struct
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 FORMAT = 3
@@ -51,6 +52,16 @@ _COUNT = struct.Struct("<I")
 _FACT = struct.Struct("<HIHH")  # engine index, prompt tokens, block tokens, blocks
 _LOAD = struct.Struct("<HIIfIII")  # engine index, in flight, prefill tokens, learned limit, claim, spare, held
 _FULL = 1
+
+
+def fleet_limit(limits: Sequence[float]) -> float:
+    """The limit the fleet applies to an engine: the mean of those its replicas learned, rounded to
+    the nearest whole request, a tie down. Each replica learns from its own share of the gaps and
+    steps out of phase with the others; the mean rounded up (as admission rounds a fractional
+    limit: it starts a request while the load is under it) grows whenever any one replica steps up
+    and shrinks only once all have stepped down, so the fleet ran a request more than one replica
+    learns. Rounded to the nearest, most replicas must agree on a step either way."""
+    return float(max(1, math.ceil(sum(limits) / len(limits) - 0.5 - 1e-9)))
 
 
 @dataclass(frozen=True, slots=True)

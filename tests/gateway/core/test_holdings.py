@@ -51,11 +51,11 @@ def test_a_stated_holding_catches_up_but_never_lowers_one():
     assert late.held(E, A) == 3
 
 
-def test_slots_are_the_mean_limit_rounded_up_and_a_full_batch_releases_what_it_leaves_out():
+def test_slots_are_the_mean_limit_rounded_to_the_nearest_and_a_full_batch_releases_what_it_leaves_out():
     h = Holdings()
     h.apply(A, {E: EngineLoad(limit=3.0, claim=2)}, False, fixed)
     h.apply(B, {E: EngineLoad(limit=4.0, claim=2)}, False, fixed)
-    assert h.slots(E, 9.0) == 4  # 3.5 rounded up: one replica admits a 4th under a limit of 3.5
+    assert h.slots(E, 9.0) == 3  # 3.5: a tie goes down (``fleet_limit``)
     h.apply(A, {}, True, fixed)
     assert h.held(E, A) == 0 and h.slots(E, 9.0) == 4
 
