@@ -350,7 +350,10 @@ def one_run(setup: str, rep: int, engines: Any, args: argparse.Namespace, tmp: P
     tags = {engine_tag(u): u for u in all_urls}
     replicas = []
     try:
-        replicas = start_replicas(tmp, gateway_config(engines, redis.url, gateway_args), replicas_n)
+        config = gateway_config(engines, redis.url, gateway_args)
+        if args.pin_limit is not None:  # no learning: every engine's limit is this, in every replica
+            config["admission"] = {f"{k}_limit": args.pin_limit for k in ("initial", "min", "max")}
+        replicas = start_replicas(tmp, config, replicas_n)
         urls = [r.url for r in replicas]
         sampler = Sampler(engines.pool_of, urls, args.sample_ms / 1000.0, args.warmup_s)
         roles = {
@@ -377,6 +380,7 @@ def one_run(setup: str, rep: int, engines: Any, args: argparse.Namespace, tmp: P
         "replicas": replicas_n,
         "replica_urls": urls,
         "pools": engines.pool_of,
+        "pin_limit": args.pin_limit,
         "warmup_s": args.warmup_s,
         **result,
         "held": {
@@ -677,6 +681,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--interactive-profile", default="gemma4-nvfp4", help="simulated engines (no --engines)")
     p.add_argument("--batch-profile", default="gemma4-nvfp4-mtp4")
+    p.add_argument("--setups", default=",".join(SETUPS), help="which runs, of " + ",".join(SETUPS))
+    p.add_argument("--pin-limit", type=float, default=None, help="every engine's concurrency limit fixed at this")
     p.add_argument("--analyze", metavar="DIR", help="run nothing: the summary and plot again from DIR")
     p.add_argument("--out", default="benchmarks/results/gpu/fleet/itl")
     args = p.parse_args()
@@ -698,7 +704,7 @@ def main() -> None:
         engines = open_engines(tmp, args.engines, simulated)
         try:
             for rep in range(args.repeats):
-                for setup in SETUPS:
+                for setup in args.setups.split(","):
                     progress(f"repeat {rep + 1}/{args.repeats}, {setup}: {args.seconds:g} s ...")
                     run = one_run(setup, rep, engines, args, tmp, out)
                     runs.append(run)

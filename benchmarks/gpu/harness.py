@@ -583,31 +583,45 @@ def fleet_steps(setup: Setup) -> list[tuple[str, float, Callable[[], None]]]:
     ]
 
 
-def fleet_itl_steps(setup: Setup) -> list[tuple[str, float, Callable[[], None]]]:
-    """The fleet plan's one replica against four, each run instrumented (``fleet_itl.py``): every
-    request's timeline with its replica and engine, the engines' own histograms and the host's CPU
-    every half second; three runs of each, alternated (one dry)."""
-    repeats = 1 if setup.dry else 3
+def fleet_itl_args(setup: Setup, repeats: int, *more: str) -> tuple[list[str], float]:
+    """``fleet_itl.py``'s arguments on the device's engines (1-2 interactive, 3-4 batch), and its time."""
     urls = setup.urls
     half = len(urls) // 2
     seconds = max(20.0, setup.seconds(75))
     args = ["--engines", f"interactive={','.join(urls[:half])}", f"batch={','.join(urls[half:])}"]
     args += ["--replicas", "4", "--repeats", str(repeats), "--seconds", f"{seconds:g}"]
     args += ["--warmup-s", f"{setup.seconds(15):g}", "--rate", "2", "--input", "1024", "--output", "128"]
-    args += ["--flood", "192", "--scrape-s", "0.5", *FLEET_BUDGET]
-    total = 2 * repeats * (seconds + 30)
+    args += ["--flood", "192", "--scrape-s", "0.5", *FLEET_BUDGET, *more]
+    runs = repeats * (2 if "--setups" not in more else 1)
+    return args, runs * (seconds + 30)
 
-    def run() -> None:
-        realtime_script(setup, "fleet-itl", "gpu/fleet_itl.py", args, total + 240)
 
-    return [("fleet itl", total + 30, run)]
+def fleet_itl_steps(setup: Setup, pinned: bool = False) -> list[tuple[str, float, Callable[[], None]]]:
+    """The fleet plan's one replica against four, each run instrumented (``fleet_itl.py``): every
+    request's timeline with its replica and engine, the engines' own histograms and the host's CPU
+    every half second; three runs of each, alternated (one dry). ``pinned``: instead, four replicas
+    with every limit fixed at 2 (what one replica learned) and one replica fixed at 3 (what four
+    learned), one run each: whether the tail follows the engines' concurrency or the replicas."""
+    if pinned:
+        runs = [("fleet-itl-pin2", "fleet", "2"), ("fleet-itl-pin3", "one", "3")]
+        steps = []
+        for folder, which, limit in runs:
+            args, total = fleet_itl_args(setup, 1, "--setups", which, "--pin-limit", limit)
+            steps.append((folder, total + 30, lambda f=folder, a=args, t=total: _fleet_itl(setup, f, a, t)))
+        return steps
+    args, total = fleet_itl_args(setup, 1 if setup.dry else 3)
+    return [("fleet itl", total + 30, lambda: _fleet_itl(setup, "fleet-itl", args, total))]
+
+
+def _fleet_itl(setup: Setup, folder: str, args: list[str], total: float) -> None:
+    realtime_script(setup, folder, "gpu/fleet_itl.py", args, total + 240)
 
 
 def plan_steps(setup: Setup, name: str) -> list[tuple[str, float, Callable[[], None]]]:
     if name == "fleet":
         return fleet_steps(setup)
-    if name == "fleet-itl":
-        return fleet_itl_steps(setup)
+    if name in ("fleet-itl", "fleet-itl-pinned"):
+        return fleet_itl_steps(setup, pinned=name == "fleet-itl-pinned")
     w = workloads(setup)
     hot_order = ["ours-prefix", "vllmr-ca", "vllmr-ca-tuned", "vllmr-rr"]
     mooncake_order = ["vllmr-ca-tuned", "vllmr-rr", "ours-prefix", "vllmr-ca"]  # rotated
@@ -797,7 +811,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", choices=("stage", "unpack", "launch", "wait", "plan", "run"))
     p.add_argument("--carry", type=Path, default=None, help="the carried folder of this call")
-    p.add_argument("--plan", default="full", choices=("full", "smoke", "repeat", "mixed", "fleet", "fleet-itl"))
+    plans = ("full", "smoke", "repeat", "mixed", "fleet", "fleet-itl", "fleet-itl-pinned")
+    p.add_argument("--plan", default="full", choices=plans)
     p.add_argument("--budget-s", type=float, default=1300.0, help="the plan's whole time, engine start included")
     p.add_argument("--for-s", type=float, default=560.0, help="wait: follow the plan this long, then pack")
     p.add_argument("--deadline-in-s", type=float, default=None, help="wait: move the plan's deadline to now + this")
