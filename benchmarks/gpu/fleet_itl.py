@@ -528,6 +528,9 @@ def analyse(run: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         "setup": run["setup"],
         "repeat": run["repeat"],
         "replicas": run["replicas"],
+        "pin_limit": run.get("pin_limit"),
+        **interactive_load(run),
+        "interactive_gap_over_100ms_share": round(len(tail) / len(itl), 5) if itl else None,
         "interactive_itl_p50_ms": _pct(itl, 0.5),
         "interactive_itl_p99_ms": _pct(itl, 0.99),
         "interactive_itl_p99_ms_as_reported": run["interactive"].get("itl_p99_ms"),
@@ -548,6 +551,85 @@ def analyse(run: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         },
         "interactive_gaps_over_100ms_list": tail,
     }
+
+
+def interactive_load(run: dict[str, Any]) -> dict[str, Any]:
+    """What the interactive engines held (running + waiting, their own count) and the limit the fleet
+    applied, after the warm-up: the mean over the samples of both engines, and how often each value."""
+    held: list[float] = []
+    limits: list[float] = []
+    for url, trace in run.get("held", {}).items():
+        if run["pools"].get(url) == "interactive":
+            rows = [row for row in trace["series"] if row[0] >= run["warmup_s"]]
+            held += [row[1] for row in rows]
+            limits += [row[2] for row in rows]
+    share = {str(v): round(held.count(v) / len(held), 3) for v in sorted(set(held))} if held else {}
+    return {
+        "interactive_engines_held_mean": round(statistics.mean(held), 2) if held else None,
+        "interactive_engines_held_share": share,
+        "interactive_engines_limit_mean": round(statistics.mean(limits), 2) if limits else None,
+    }
+
+
+def overview(folders: list[Path], out: Path) -> dict[str, Any]:
+    """Every run of several sittings side by side: the interactive tail against what the interactive
+    engines held; ``overview.json`` and ``overview.png`` in ``out``."""
+    rows = []
+    for folder in folders:
+        summary = json.loads((folder / "summary.json").read_text())
+        for a in summary["runs"]:
+            keep = ("setup", "repeat", "replicas", "pin_limit", "interactive_engines_held_mean")
+            keep += ("interactive_engines_limit_mean", "interactive_gap_over_100ms_share", "interactive_itl_p50_ms")
+            keep += ("interactive_itl_p99_ms", "interactive_ttft_p99_ms", "interactive_completed")
+            keep += ("interactive_refused", "host_busy_cores_p50", "client_loop_lag_max_ms")
+            row = {"sitting": folder.name, **{k: a.get(k) for k in keep}}
+            engines = [e for e in a["engines"].values() if e["pool"] == "interactive"]
+            row["interactive_engines_gaps_over_100ms_client"] = sum(e["client_gaps_over_100ms"] for e in engines)
+            row["interactive_engines_gaps_over_100ms_engine"] = sum(e["engine_itl_over_100ms"] or 0 for e in engines)
+            replicas = a["interactive_gaps_by_replica"].values()
+            row["gaps_over_100ms_client_in_window"] = sum(r["client_over_100ms_in_window"] for r in replicas)
+            row["gaps_over_100ms_gateways_saw"] = sum(
+                r["gateway_saw_over_100ms_interactive_on_interactive"] or 0 for r in replicas
+            )
+            rows.append(row)
+    result = {"runs": rows}
+    (out / "overview.json").write_text(json.dumps(result, indent=1) + "\n")
+    try:
+        plot_overview(rows, out / "overview.png")
+    except ImportError:
+        progress("no matplotlib: no overview plot")
+    return result
+
+
+def plot_overview(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    sittings = sorted({r["sitting"] for r in rows})
+    markers = dict(zip(sittings, "os^Dv", strict=False))
+    for r in rows:
+        color = "tab:grey" if r["replicas"] == 1 else "tab:blue"
+        pinned = f", pinned {r['pin_limit']:g}" if r["pin_limit"] else ""
+        label = f"{r['sitting']}: {r['replicas']} replica(s){pinned}"
+        x = r["interactive_engines_held_mean"]
+        axes[0].scatter(x, r["interactive_itl_p99_ms"], color=color, marker=markers[r["sitting"]], s=50, label=label)
+        share = 100 * (r["interactive_gap_over_100ms_share"] or 0.0)
+        axes[1].scatter(x, share, color=color, marker=markers[r["sitting"]], s=50, label=label)
+    axes[0].axhline(100, color="black", linestyle="--", linewidth=1, label="ITL budget")
+    axes[1].axhline(1.0, color="black", linestyle="--", linewidth=1, label="1 % (a p99 budget's allowance)")
+    axes[0].set_ylabel("interactive ITL p99 (ms), whole run")
+    axes[1].set_ylabel("% of interactive gaps over 100 ms")
+    for ax in axes:
+        ax.set_xlabel("requests an interactive engine held, mean after warm-up")
+        handles, labels = ax.get_legend_handles_labels()
+        unique = dict(zip(labels, handles, strict=False))
+        ax.legend(unique.values(), unique.keys(), fontsize=7)
+    fig.suptitle("Real vLLM on one H200: the interactive ITL tail follows what the interactive engines hold")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
 
 
 def summarize(analyses: list[dict[str, Any]]) -> dict[str, Any]:
@@ -593,9 +675,12 @@ def plot(analyses: list[dict[str, Any]], datas: list[dict[str, Any]], path: Path
             if tl["class"] != "interactive" or tl["engine"] not in colors or len(tl["chunks"]) < 2:
                 continue
             c = tl["chunks"]
+            tail = [(c[i], (c[i] - c[i - 1]) * 1000.0) for i in range(1, len(c)) if c[i] - c[i - 1] > 0.04]
+            if not tail:
+                continue
             ax.scatter(
-                c[1:],
-                [(c[i] - c[i - 1]) * 1000.0 for i in range(1, len(c))],
+                [t for t, _ in tail],
+                [g for _, g in tail],
                 s=4,
                 color=colors[tl["engine"]],
                 marker=markers[(tl["replica"] or 0) % len(markers)],
@@ -634,12 +719,12 @@ def plot(analyses: list[dict[str, Any]], datas: list[dict[str, Any]], path: Path
         ax.set_title(
             f"{a['setup']} (repeat {a['repeat']}, {a['replicas']} replica(s)): interactive ITL p99 "
             f"{a['interactive_itl_p99_ms']} ms, {a['interactive_gaps_over_100ms']} gaps > 100 ms "
-            "(dots: client gaps by engine colour, replica marker)",
+            "(dots: client gaps over 40 ms, engine by colour, replica by marker)",
             fontsize=9,
         )
     axes[-1, 0].set_xlabel("seconds into the run")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=70)
 
 
 def write_summary(out: Path, runs: list[dict[str, Any]], command: str) -> dict[str, Any]:
@@ -683,10 +768,14 @@ def main() -> None:
     p.add_argument("--batch-profile", default="gemma4-nvfp4-mtp4")
     p.add_argument("--setups", default=",".join(SETUPS), help="which runs, of " + ",".join(SETUPS))
     p.add_argument("--pin-limit", type=float, default=None, help="every engine's concurrency limit fixed at this")
+    p.add_argument("--overview", nargs="+", metavar="DIR", help="run nothing: the runs of these folders side by side")
     p.add_argument("--analyze", metavar="DIR", help="run nothing: the summary and plot again from DIR")
     p.add_argument("--out", default="benchmarks/results/gpu/fleet/itl")
     args = p.parse_args()
     command = " ".join(["python", "benchmarks/gpu/fleet_itl.py", *sys.argv[1:]])
+    if args.overview:
+        overview([Path(d) for d in args.overview], Path(args.out))
+        return
     if args.analyze:
         out = Path(args.analyze)
         summary = write_summary(out, json.loads((out / "runs.json").read_text()), command)

@@ -1,0 +1,40 @@
+"""``benchmarks/gpu/fleet_itl.py`` end to end on simulated engines, small and quick: every request's
+timeline names the replica and the engine that served it, and the engines' own ITL histograms,
+scraped around the window, count the gaps the client measured there."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.procs import ROOT
+from tests.support.redis import REDIS_SERVER
+
+pytestmark = pytest.mark.redis
+
+
+def test_a_small_run_places_every_request_and_the_engines_count_the_clients_gaps(tmp_path):
+    out = tmp_path / "out"
+    args = "--setups fleet --replicas 2 --repeats 1 --seconds 6 --warmup-s 1 --rate 3 --input 64 --output 16"
+    args += " --flood 4 --ramp-s 0.5 --sample-ms 50 --scrape-s 0.5 --interactive-profile default"
+    args += " --batch-profile default"
+    cmd = [sys.executable, "benchmarks/gpu/fleet_itl.py", *args.split()]
+    done = subprocess.run(
+        [*cmd, "--redis-server", REDIS_SERVER, "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    run = json.loads((out / "summary.json").read_text())["runs"][0]
+    assert run["replicas"] == 2 and run["interactive_completed"] > 5
+    assert set(run["interactive_gaps_by_replica"]) == {"0", "1"}  # round robin: both replicas carried some
+    engines = run["engines"]
+    assert {e["pool"] for e in engines.values()} == {"interactive", "batch"}
+    for url, engine in engines.items():
+        # Each engine's own count over the window is what the clients saw of it, give or take the
+        # gaps that straddle the window's edges.
+        assert engine["client_gaps"] > 20, (url, engine)
+        assert abs(engine["engine_itl_count"] - engine["client_gaps"]) <= 0.1 * engine["client_gaps"], (url, engine)
+    assert run["host_busy_cores_p50"] is not None and run["host_cores_by_role_mean"]["gateways"] > 0
