@@ -145,14 +145,20 @@ def max_tokens_of(parsed: Mapping[str, Any]) -> int | None:
     return value if _is_token(value) and value > 0 else None
 
 
-def with_priority(body: bytes, priority: int, replace: bool) -> bytes:
-    """``body`` with vLLM's ``priority`` set; ``replace``: the client sent one of its own."""
+def with_priority(body: bytes, priority: int | None, replace: bool) -> bytes:
+    """``body`` with vLLM's ``priority`` set, or without one (``None``: the pool takes none, and a
+    client's own must not reach an engine that might honour it); ``replace``: the client sent one."""
     if not replace:
+        if priority is None:
+            return body
         end = body.rstrip()
         # A checked body is a JSON object with at least one member: append one more.
         return end[:-1] + b',"priority":%d}' % priority
     parsed = orjson.loads(body)
-    parsed["priority"] = priority
+    if priority is None:
+        del parsed["priority"]
+    else:
+        parsed["priority"] = priority
     try:
         return orjson.dumps(parsed)
     except orjson.JSONEncodeError:

@@ -723,7 +723,7 @@ class _Upstream:
     engine_header: bool = True
 
     def body_for(self, dispatch: Dispatch) -> bytes:
-        if dispatch.priority is None:
+        if dispatch.priority is None and not self.own_priority:
             return self.body
         return with_priority(self.body, dispatch.priority, replace=self.own_priority)
 

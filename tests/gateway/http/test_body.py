@@ -54,3 +54,13 @@ def test_only_usable_max_tokens_are_read():
 def test_echo_keeps_a_short_prefix():
     assert echo("x" * 10) == "x" * 10
     assert len(echo("x" * 10_000)) < 80
+
+
+def test_a_client_priority_is_removed_where_the_pool_takes_none():
+    out = with_priority(b'{"prompt": "x", "priority": -100, "n": 1}', None, replace=True)
+    assert orjson.loads(out) == {"prompt": "x", "n": 1}
+
+
+def test_a_body_without_priority_is_forwarded_as_sent_where_the_pool_takes_none():
+    body = b'{"prompt": "x"}  '
+    assert with_priority(body, None, replace=False) is body

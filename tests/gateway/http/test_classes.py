@@ -100,3 +100,42 @@ def test_an_unconfigured_class_is_refused_with_the_configured_ones_named(gateway
     error = r.json()["error"]
     assert error["code"] == "invalid_priority"
     assert all(name in error["message"] for name in CLASSES)
+
+
+@pytest.fixture(scope="module")
+def fcfs_gateway(procs, tmp_path_factory):
+    """A pool the gateway schedules first come, first served, in front of an engine that would honour a
+    ``priority`` (an operator's engine flags need not match the gateway's view of its pool)."""
+    tmp = tmp_path_factory.mktemp("fcfs")
+    engine = start_engine(tmp, "--max-num-seqs", "1", "--token-delay-ms", "15", "--scheduling-policy", "priority")
+    procs.append(engine)
+    engine.wait_ready()
+    config = {
+        "pools": {"interactive": {"engines": [engine.url]}},
+        "admission": {"enabled": False},
+        "health": {"interval_s": 0.2, "timeout_s": 0.5},
+    }
+    proc = start_gateway(tmp, config)
+    procs.append(proc)
+    proc.wait_ready("/ready")
+    return proc
+
+
+async def plain_then_jumping(url: str) -> list[str]:
+    """A blocker runs; a plain request then one asking vLLM for the highest priority itself wait behind it."""
+    async with httpx.AsyncClient(timeout=60) as client:
+        running = asyncio.Event()
+        first = asyncio.create_task(first_token(client, url, "interactive", "blocker " * 8, running))
+        await asyncio.wait_for(running.wait(), 30)
+        plain = asyncio.create_task(first_token(client, url, "interactive", "plain " * 8))
+        await asyncio.sleep(0.1)
+        jumping = asyncio.create_task(first_token(client, url, "interactive", "jump " * 8, body_priority=-100))
+        (plain_at, _), (jumping_at, _) = await asyncio.gather(plain, jumping)
+        await first
+        return [name for _, name in sorted([(plain_at, "plain"), (jumping_at, "jumping")])]
+
+
+def test_a_client_priority_does_not_reach_a_pool_the_gateway_schedules_fcfs(fcfs_gateway):
+    # Priority is the gateway's to set: a client's own would let it overtake the queue on any engine
+    # that honours it.
+    assert asyncio.run(plain_then_jumping(fcfs_gateway.url)) == ["plain", "jumping"]
