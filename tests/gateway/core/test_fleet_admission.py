@@ -74,6 +74,65 @@ def test_every_replica_admits_against_the_mean_of_the_limits_learned():
     assert started(start(b, 6)) + rounds(fleet) == 4  # while under 3.67
 
 
+def gaps(d: Dispatcher, n: int, load: int, seconds: float, now: float) -> None:
+    """``n`` gaps of ``seconds`` relayed by ``d`` with ``load`` requests on the engine."""
+    limit = d.limits[ENGINE]
+    for _ in range(n):
+        limit.observe_itl(seconds, load, now)
+
+
+def test_the_lowest_id_learns_each_limit_for_the_fleet_on_everyones_gaps_and_the_others_take_it():
+    fleet = Fleet([replica(initial=2.0) for _ in range(3)])
+    warm(fleet)
+    a, b, c = fleet.replicas
+    # Each relayed 60 gaps at 2 requests in flight, well within budget: too few for one replica to judge
+    # (``min_samples`` 100), enough together.
+    for d in fleet.replicas:
+        gaps(d, 60, 2, 0.01, 1.0)
+        d.limits[ENGINE].note_load(2)
+    fleet.round(now=1.5, full=True)
+    for d in fleet.replicas:
+        d.poll(2.0)
+    assert a.limits[ENGINE].limit == 3.0 and a.limits[ENGINE].reason == "itl_within_budget"
+    fleet.round(now=2.0)
+    for d in (b, c):
+        assert d.limits[ENGINE].limit == 3.0 and d.limits[ENGINE].reason == "learned_by_peers"
+    assert all(d.concurrency_limits() == {ENGINE: 3.0} for d in fleet.replicas)
+
+
+def test_a_replica_that_learned_nothing_does_not_drag_the_fleets_limit():
+    a, b = replica(initial=2.0), replica(initial=2.0)
+    learned(a, 9.0, "itl_within_budget")
+    fleet = Fleet([a, b])
+    fleet.introduce()
+    fleet.publish(0, full=True)
+    fleet.deliver(0)
+    assert b.take_learned(full=True).load[ENGINE].limit == 0.0  # its probe level is not the fleet's to count
+    assert a.concurrency_limits() == {ENGINE: 9.0}
+
+
+def test_when_the_leader_goes_silent_the_next_lowest_learns_from_where_the_fleet_was():
+    fleet = Fleet([replica(initial=2.0) for _ in range(3)])
+    warm(fleet)
+    a, b, c = fleet.replicas
+    learned(a, 6.0, "itl_within_budget")
+    fleet.round(now=0.5, full=True)
+    fleet.round(now=0.6)
+    assert b.limits[ENGINE].limit == c.limits[ENGINE].limit == 6.0
+    rest = Fleet([b, c])  # a stopped
+    rest.ids = fleet.ids[1:]
+    for d in (b, c):
+        d.expire_peers(10.0, silent_s=3.0)
+        gaps(d, 60, 6, 0.01, 10.0)
+        d.limits[ENGINE].note_load(6)
+    rest.round(now=10.5, full=True)
+    b.poll(12.0)
+    c.poll(12.0)
+    assert b.limits[ENGINE].limit == 7.0 and c.limits[ENGINE].limit == 6.0  # b leads now, from 6
+    rest.round(now=12.1)
+    assert c.limits[ENGINE].limit == 7.0
+
+
 def test_a_limit_change_goes_out_in_the_next_batch():
     a = replica()
     a.take_learned()
