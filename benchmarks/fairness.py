@@ -219,11 +219,9 @@ def fleet(
 ) -> list[dict[str, Any]]:
     """The fair runs through N replicas, per layout, the replicas sharing their tenants or not.
 
-    Each replica learns its engines' limits from its own requests' gaps, a share of the engine's, so
-    N replicas together learn more slowly than one (``learned``: the product as it is; the fleet's
-    limit at 4 replicas lags one replica's for minutes). To measure the shares alone, the same runs
-    with every limit pinned at what one replica learned in the probe, against one replica pinned
-    alike (``pinned``)."""
+    The replicas learn each engine's limit together, from everyone's gaps (``learned``: the product as
+    it is, against one replica learning). To measure the shares alone, the same runs with every limit
+    pinned at what one replica learned in the probe, against one replica pinned alike (``pinned``)."""
     capacity_tokens = one["capacity_rps"] * (INPUT + OUTPUT)
     pinned_limit = float(round(one["learned_limit"]))
     reference = {"learned": one["fair"]["tenants"]}

@@ -202,7 +202,7 @@ class RoutingShare:
                 self.dispatcher.expire_peers(now, settings.silent_s)
                 self.metrics.share_peers.set(self.dispatcher.peers.active(now, settings.silent_s))
             await self._publish_tenants(full)
-            learned = self.dispatcher.take_learned(full)
+            learned = self.dispatcher.take_learned(full, now)
             retry, self._unsent = self._unsent, None
             if retry is not None:
                 retry.merge(learned)

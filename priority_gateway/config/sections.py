@@ -378,7 +378,8 @@ class PrefixPolicyConfig:
 class RoutingShareConfig:
     """Replicas on a Redis ``store`` tell each other what they routed, through a Redis pub/sub
     channel: which engine got each request (with the prompt's block hashes in approximate mode) and
-    their own in-flight, pending prefill and learned concurrency limit per engine, so every replica's
+    their own in-flight, pending prefill and concurrency limit per engine, and what their requests'
+    inter-token gaps showed (one replica learns each engine's limit from everyone's), so every replica's
     prefix index, view of engine load and admission cover the whole fleet's traffic; with fair
     queueing also their tenants' requests per pool, so tenants' shares are the fleet's. Never on a
     request's path; while the channel is down each replica routes on its own knowledge

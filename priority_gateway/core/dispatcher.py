@@ -43,15 +43,20 @@ Rules:
 - When a queue is full, the newest batch request of the heaviest batch tenant is shed to make
   room; a batch request that finds the queue full of interactive work is refused.
 - Replicas sharing their load (``core/sharing.py``) admit fleet-wide: an engine's room is its
-  limit, the mean of those this replica and the others heard learned for it rounded to the nearest
-  whole request (``fleet_limit``), less everyone's in-flight requests there. Each replica learns
-  from its own requests' gaps only, a share of the engine's, and the replicas' limits step up and
-  down out of phase: the minimum of such estimates stays below what one replica seeing every gap
-  learns (``benchmarks/fleet_admission.py``), the mean does not, and rounded to the nearest no one
-  replica's step moves it (rounded up, any one's step up did). Counting the others' in-flight is
-  not enough when replicas start requests within the same few ms (each counts only what it has
-  heard of), so a replica that hears others also
-  fills an engine only within the slots it holds (``core/holdings.py``): it claims slots for what
+  limit, the mean of those this replica and the others heard learned for it (a replica that has
+  learned none yet not counted) rounded to the nearest whole request (``fleet_limit``), less
+  everyone's in-flight requests there. The fleet learns one limit per engine, as one replica seeing
+  every gap would: every replica publishes what its own requests' gaps showed, as counts, in its
+  full batches; the replica with the lowest id among those that learn the engine's limit (this one,
+  by the id its own batches come back with) decides on the sum of everyone's counts and at the
+  fleet's load, and the others take its limit as they hear it (``limiter``: ``lead``, ``follow``).
+  Each replica learning from its own requests' gaps alone, a share of the engine's, found the load
+  level where stalls break the budget far later than one replica seeing every gap, and replicas
+  stepping out of phase moved the mean rounded up with any one's step up. While the channel is down
+  each replica learns alone again. Counting the others' in-flight is not enough when replicas start
+  requests within the same few ms (each counts only what it has heard of), so a replica that hears
+  others also fills an engine only within the slots it holds (``core/holdings.py``): it claims
+  slots for what
   it runs and what waits at it in every batch (with fair queueing, only what its tenants may start:
   one at its share or giving way to another replica's tenant claims nothing, so the room reaches
   the replica whose tenant takes it), and every replica applies the claims in the order
@@ -277,6 +282,8 @@ class Dispatcher:
         self._claims_stale: set[str] = set()  # engines whose claim may have changed
         self._claim_inputs: tuple[int, bool, dict[str, int]] = (1, False, {})  # replicas, safe, demand per pool
         self._granted = False
+        self._own_id: bytes | None = None  # as this replica's own batches come back
+        self._leaders: dict[str, bytes | None] = {}  # per engine, the replica whose limit this one follows
         self._reindex(0.0)
 
     # -- topology and health -------------------------------------------------
@@ -339,8 +346,9 @@ class Dispatcher:
             if share is not None:
                 share(max_pending)
 
-    def take_learned(self, full: bool = False) -> Learned:
-        """What to tell the other replicas since the last call; ``full``: this replica's load on every engine."""
+    def take_learned(self, full: bool = False, now: float | None = None) -> Learned:
+        """What to tell the other replicas since the last call; ``full``: this replica's load on every engine
+        and, given ``now``, what its requests' gaps showed on each (``limiter.Evidence``)."""
         facts = [fact for pool in self.pools.values() for fact in getattr(pool.policy, "take_learned", list)()]
         changed, self._load_changed = self._load_changed or set(), set()
         engines = self._engines
@@ -352,11 +360,14 @@ class Dispatcher:
         self._serial += 1
         if wants:
             self._in_transit.append((self._serial, {i: max(entry.claim, entry.spare) for i, entry in load.items()}))
-        return Learned(facts, load, full, self._serial)
+        evidence = {}
+        if full and now is not None and self.admission.enabled:
+            evidence = {i: limit.evidence(now) for i, limit in self.limits.items() if limit.budget_s is not None}
+        return Learned(facts, load, full, self._serial, evidence)
 
     def _own_load(self, engine: EngineState, wants: tuple[int, int]) -> EngineLoad:
         limit = self.limits.get(engine.id) if self.admission.enabled else None
-        learned = limit.limit if limit is not None and limit.budget_s is not None else 0.0
+        learned = limit.limit if limit is not None and limit.learned else 0.0
         return EngineLoad(engine.inflight, engine.pending_prefill, learned, *wants, self._cap(engine.id))
 
     def _claims(self, changed: set[str], full: bool) -> dict[str, tuple[int, int]]:
@@ -418,7 +429,10 @@ class Dispatcher:
         self.safe_share.heard(batch.publisher, now)
         # Load first: the facts' prompts are in it, and the index makes room for them by it.
         known = {e: load for e, load in batch.learned.load.items() if e in self._engines}
-        self._peer_load_changed(self.peers.report(batch.publisher, known, batch.learned.full))
+        if batch.learned.full:
+            evidence = batch.learned.evidence
+            self.peers.report_evidence(batch.publisher, {e: v for e, v in evidence.items() if e in self._engines})
+        self._peer_load_changed(self.peers.report(batch.publisher, known, batch.learned.full), now, batch.learned.full)
         self._apply_holdings(batch.publisher, known, batch.learned.full)
         applied = 0
         for fact in batch.learned.facts:
@@ -466,6 +480,7 @@ class Dispatcher:
     def heard_own(self, batch: Batch, serial: int) -> None:
         """This replica's own batch came back through the channel (``serial``: its ``Learned.serial``):
         its claims take their place in the order every replica applies them."""
+        self._own_id = batch.publisher  # who leads is reconsidered with the next full batch heard
         ending = [sent for sent_serial, sent in self._in_transit if sent_serial <= serial]
         if ending:
             caps = {e: self._cap(e) for e in set().union(*ending)}
@@ -492,7 +507,7 @@ class Dispatcher:
 
     def expire_peers(self, now: float, silent_s: float) -> None:
         """Forget what replicas not heard from within ``silent_s`` said (they stopped, or the channel broke)."""
-        self._peer_load_changed(self.peers.expire(now, silent_s))
+        self._peer_load_changed(self.peers.expire(now, silent_s), now)
         self.fleet_tenants.expire(now, silent_s)
         self._claims_stale |= self.holdings.keep(self.peers.__contains__)
 
@@ -509,7 +524,7 @@ class Dispatcher:
         safe share began now."""
         for engine in self._engines.values():
             engine.external_load += engine.peer_inflight
-        self._peer_load_changed(self.peers.clear())
+        self._peer_load_changed(self.peers.clear(), 0.0 if now is None else now)
         self.fleet_tenants.clear()
         self.holdings.clear()
         self._in_transit.clear()
@@ -523,7 +538,13 @@ class Dispatcher:
         """True when the safe share ended now: admission counts the others' in-flight again."""
         return self.safe_share.settle(now)
 
-    def _peer_load_changed(self, engines: set[str]) -> None:
+    def _peer_load_changed(self, engines: set[str], now: float, leaders_moved: bool = True) -> None:
+        """``leaders_moved``: who learns the limits may have changed (full batches, replicas forgotten)."""
+        if leaders_moved:
+            leaders = {engine_id: self._leader(engine_id) for engine_id in self.limits}
+            # A new leader's limit is taken whether or not its load moved.
+            engines = engines | {e for e, leader in leaders.items() if self._leaders.get(e) != leader}
+            self._leaders = leaders
         for engine_id in engines:
             engine = self._engines.get(engine_id)
             if engine is not None:
@@ -531,8 +552,25 @@ class Dispatcher:
                 engine.peer_prefill = self.peers.prefill(engine_id)
                 engine.peer_limits = self.peers.limits(engine_id)
                 own = self.limits.get(engine_id)
-                if own is not None and engine.peer_limits:
+                if own is None or not self.admission.enabled:
+                    continue
+                own.note_load(engine.load)  # the others' requests bring the fleet's load to the limit too
+                leader = self._leaders.get(engine_id)
+                if leader is not None:
+                    limit = self.peers.limit_of(leader, engine_id)
+                    if limit > 0 and own.follow(limit, now):
+                        self._load_change(engine)
+                elif engine.peer_limits:
                     own.adopt(sum(engine.peer_limits) / len(engine.peer_limits))
+
+    def _leader(self, engine_id: str) -> bytes | None:
+        """The replica that learns ``engine_id``'s limit for the fleet, when it is another (None: this one):
+        the lowest id of those that learn it. Until its own batches come back this one does not know
+        its id, and leads only while it hears nobody who learns it."""
+        lowest = self.peers.lowest(engine_id)
+        if lowest is None or (self._own_id is not None and self._own_id < lowest):
+            return None
+        return lowest
 
     def _load_change(self, engine: EngineState) -> None:
         if self._load_changed is not None:
@@ -574,9 +612,11 @@ class Dispatcher:
         return sharing and not self.safe_share.safe and bool(self.peers)
 
     def _fleet_limit(self, engine: EngineState) -> float:
-        own = self.limits[engine.id].limit
+        own = self.limits[engine.id]
         peers = engine.peer_limits
-        return own if not peers else fleet_limit((own, *peers))
+        if not peers:
+            return own.limit
+        return fleet_limit((own.limit, *peers) if own.learned else peers)
 
     def _capacity(self, engine: EngineState) -> tuple[float, float]:
         """(load counted, limit) for admission: everyone's load against the fleet's limit, or in the
@@ -1007,7 +1047,8 @@ class Dispatcher:
         changes = []
         for engine_id, limit in self.limits.items():
             before, why = limit.limit, limit.reason
-            limit.update(now, self._engines[engine_id].load)
+            lead = self._leaders.get(engine_id) is None
+            limit.update(now, self._engines[engine_id].load, self.peers.evidence(engine_id), lead)
             if limit.limit != before or limit.reason != why:
                 changes.append(LimitChange(engine_id, before, limit.limit, limit.reason))
                 self._load_change(self._engines[engine_id])

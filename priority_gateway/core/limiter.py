@@ -44,8 +44,17 @@ Rules:
     evidence), and is measured afresh there;
   - otherwise hold. A limit that was not reached proves nothing and does not grow past ``initial``.
 - An engine without a budget keeps a fixed limit.
+- Every verdict above is told from counts (gaps, and those within or surely above a bound: a p99
+  within a bound is at least ``ceil(0.99 * gaps)`` of them within it), so the windows of several
+  replicas add up: ``evidence`` is this replica's own, as counts; ``update`` judges on its own plus
+  those ``heard`` from the other replicas (``core/sharing.py``), as one replica seeing every gap would.
+- Several replicas learn one limit: only the one that ``lead``s (the dispatcher picks it) moves the
+  limit; the others ``follow`` the limit it publishes, restart their whole window when it shrinks
+  (as the leader's did), and still judge the levels on the same counts, so that one taking over
+  knows where the cliffs are.
 - A limit still at ``initial`` (nothing learned yet, e.g. a replica that just joined) ``adopt``s the
-  one other replicas learned for the engine, instead of starting the fleet over at the probe level.
+  one other replicas learned for the engine, instead of starting the fleet over at the probe level;
+  until it has learned or taken one (``learned``), it is not the fleet's to count.
 - ``reason`` says why the limit last changed (or held against a relay the engine contradicted).
 """
 
@@ -53,13 +62,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
-from priority_gateway.core.window import LatencyWindow
+from priority_gateway.core.window import LatencyWindow, within
 
 _ALLOWED = 0.01  # a p99 budget lets 1 % of gaps through
+_Q = 1 - _ALLOWED
 _Z = 1.64  # one-sided 95 %
+_FAR = 1.5  # budgets: the whole window's net
 
 
 @dataclass(slots=True)
@@ -76,6 +87,59 @@ class LimitSettings:
     level_window_s: float = 120.0
     recover_s: float = 30.0
     unbudgeted: float = 64.0
+
+
+@dataclass(frozen=True, slots=True)
+class LevelCounts:
+    """What the gaps seen at one load level showed, as counts that replicas can add up."""
+
+    fresh: int = 0
+    """Gaps in the level's fresh window (``window_s``)."""
+    fresh_over: int = 0
+    """Of them, surely above ``high * budget``."""
+    fresh_within: int = 0
+    """Of them, within ``high * budget``."""
+    long: int = 0
+    """Gaps in the level's long window (``level_window_s``)."""
+    long_within: int = 0
+    """Of them, within ``low * budget``."""
+
+    def __add__(self, other: LevelCounts) -> LevelCounts:
+        return LevelCounts(
+            self.fresh + other.fresh,
+            self.fresh_over + other.fresh_over,
+            self.fresh_within + other.fresh_within,
+            self.long + other.long,
+            self.long_within + other.long_within,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One replica's gaps on one engine as counts: its whole fresh window and each level's windows."""
+
+    gaps: int = 0
+    """Gaps in the whole fresh window."""
+    over: int = 0
+    """Of them, surely above ``high * budget``."""
+    far: int = 0
+    """Of them, surely above 1.5 budgets."""
+    levels: dict[int, LevelCounts] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.gaps or self.levels)
+
+
+def pooled(parts: Iterable[Evidence]) -> Evidence:
+    """Several replicas' evidence on one engine, added up."""
+    gaps = over = far = 0
+    levels: dict[int, LevelCounts] = {}
+    for part in parts:
+        gaps, over, far = gaps + part.gaps, over + part.over, far + part.far
+        for level, counts in part.levels.items():
+            known = levels.get(level)
+            levels[level] = counts if known is None else known + counts
+    return Evidence(gaps, over, far, levels)
 
 
 def clearly_over(above: float, total: float, share: float = _ALLOWED) -> bool:
@@ -125,11 +189,54 @@ class ConcurrencyLimit:
         self._last_decrease = -math.inf
         self._last_step = now
 
+    @property
+    def learned(self) -> bool:
+        """The limit was learned (here, or by the replica it follows): not the probe level nothing moved yet."""
+        return self.budget_s is not None and self.reason != "initial"
+
     def adopt(self, learned: float) -> None:
         """Take the limit other replicas learned, while this one has learned nothing itself."""
         if self.budget_s is not None and self.reason == "initial":
             self.limit = max(self.settings.minimum, min(self.settings.maximum, learned))
             self.reason = "learned_by_peers"
+
+    def follow(self, learned: float, now: float) -> bool:
+        """Take the limit the replica that leads learned (this one does not move it); True when it changed."""
+        if self.budget_s is None:
+            return False
+        new = max(self.settings.minimum, min(self.settings.maximum, learned))
+        old, self.limit, self.reason = self.limit, new, "learned_by_peers"
+        if new < old:
+            self._last_decrease = now
+            self.itl.reset()  # as the leader's: what was seen above the new limit says nothing about it
+        if new != old:
+            self._last_step = now
+        return new != old
+
+    def evidence(self, now: float) -> Evidence:
+        """This replica's own gaps as counts (``Evidence``), for the other replicas."""
+        budget = self.budget_s
+        if budget is None:
+            return Evidence()
+        s = self.settings
+        high, low = s.high * budget, s.low * budget
+        levels = {}
+        for level, window in self.levels.items():
+            history = self.history[level]
+            history.expire(now)
+            window.expire(now)
+            if not history.count and not window.count:
+                continue
+            levels[level] = LevelCounts(
+                window.count,
+                window.count_above(high, now),
+                window.count_at_most(high, now),
+                history.count,
+                history.count_at_most(low, now),
+            )
+        itl = self.itl
+        itl.expire(now)
+        return Evidence(itl.count, itl.count_above(high, now), itl.count_above(_FAR * budget, now), levels)
 
     def observe_itl(self, seconds: float, load: float, now: float) -> None:
         self.itl.observe(seconds, now)
@@ -167,18 +274,9 @@ class ConcurrencyLimit:
         if load > self._peak:
             self._peak = load
 
-    def level_p99(self, level: int, now: float) -> float | None:
-        """The p99 of the level's long window (None until it holds ``min_samples`` gaps)."""
-        window = self.history.get(level)
-        if window is None:
-            return None
-        window.expire(now)
-        if window.count < self.settings.min_samples:
-            return None
-        return window.quantile(0.99, now)
-
-    def update(self, now: float, load: float) -> bool:
-        """Reconsider the limit if an interval has passed; True when it changed."""
+    def update(self, now: float, load: float, heard: Sequence[Evidence] = (), lead: bool = True) -> bool:
+        """Reconsider the limit if an interval has passed, on this replica's gaps and those ``heard`` from
+        the others; only while it ``lead``s does the limit move. True when it changed."""
         if now < self._next_update:
             return False
         s = self.settings
@@ -187,10 +285,15 @@ class ConcurrencyLimit:
         budget = self.budget_s
         if budget is None:
             return False
+        evidence = self.evidence(now)
+        if heard:
+            evidence = pooled((evidence, *heard))
         old = self.limit
         current = max(1, math.floor(self.limit))
-        over = current in self._judge_levels(budget, now) or self._far_over(budget, now, current)
-        engine = self._engine_verdict(budget, now) if over else None
+        over = current in self._judge_levels(evidence, budget, now) or self._far_over(evidence, budget, current)
+        if not lead:
+            return False
+        engine = self._engine_verdict(evidence, budget, now) if over else None
         if engine is not None:
             self.reason = engine  # the engine's own figures are awaited, or say it is on time
         elif over:
@@ -201,7 +304,7 @@ class ConcurrencyLimit:
                 self.itl.reset()  # gaps seen above the new limit say nothing about it
         elif (
             peak >= self.limit - 0.5
-            and self._within(current, s.low * budget, now)
+            and self._within(evidence, current)
             and now - self._cliff.get(current + 1, -math.inf) > s.level_window_s
         ):
             self.limit = min(s.maximum, float(current + 1))
@@ -217,37 +320,38 @@ class ConcurrencyLimit:
             self.reason = "recovering"
         return self.limit != old
 
-    def _judge_levels(self, budget: float, now: float) -> set[int]:
+    def _judge_levels(self, evidence: Evidence, budget: float, now: float) -> set[int]:
         """Remember each level's verdict; the levels over budget now."""
         s = self.settings
-        limit = s.high * budget
         over = set()
-        for level, window in self.levels.items():
-            window.expire(now)
-            if window.count < s.min_samples:
+        for level, counts in evidence.levels.items():
+            if counts.fresh < s.min_samples:
                 continue
             # One prefill stalls every request decoding beside it: the gaps of a level come in steps
             # of ``level``, slow or fast together, so the evidence is the steps, not the gaps.
-            if clearly_over(window.count_above(limit, now) / level, window.count / level):
+            if clearly_over(counts.fresh_over / level, counts.fresh / level):
                 self._cliff[level] = now
                 over.add(level)
-            elif (window.quantile(0.99, now) or 0.0) <= limit:
+            elif within(_Q, counts.fresh, counts.fresh_within):
                 self._safe[level] = now
         return over
 
-    def _within(self, level: int, limit: float, now: float) -> bool:
-        p99 = self.level_p99(level, now)
-        return p99 is not None and p99 <= limit
+    def _within(self, evidence: Evidence, level: int) -> bool:
+        """The level's long p99 is within ``low * budget``, on at least ``min_samples`` gaps."""
+        counts = evidence.levels.get(level)
+        return (
+            counts is not None
+            and counts.long >= self.settings.min_samples
+            and within(_Q, counts.long, counts.long_within)
+        )
 
-    def _far_over(self, budget: float, now: float, level: int) -> bool:
+    def _far_over(self, evidence: Evidence, budget: float, level: int) -> bool:
         # The whole window mixes levels; it acts once well filled, as a net under the level windows.
-        itl = self.itl
-        itl.expire(now)
-        if itl.count < 5 * self.settings.min_samples:
+        if evidence.gaps < 5 * self.settings.min_samples:
             return False
-        return clearly_over(itl.count_above(1.5 * budget, now) / level, itl.count / level)
+        return clearly_over(evidence.far / level, evidence.gaps / level)
 
-    def _engine_verdict(self, budget: float, now: float) -> str | None:
+    def _engine_verdict(self, evidence: Evidence, budget: float, now: float) -> str | None:
         """Why the relay's slowness does not count against the engine, or None when it does."""
         if self._engine_last is None:
             return None  # the engine keeps no ITL histogram: the relay's evidence stands
@@ -256,7 +360,7 @@ class ConcurrencyLimit:
         if gaps < self.settings.min_samples:
             return "awaiting_engine_itl"
         slow = sum(k for when, _, k in self._engine if when >= horizon)
-        relay_share = self.itl.count_above(self.settings.high * budget, now) / max(1, self.itl.count)
+        relay_share = evidence.over / max(1, evidence.gaps)
         return "relay_slow_engine_on_time" if slow / gaps < 0.5 * relay_share else None
 
     def _safe_level(self, current: int, now: float) -> float:

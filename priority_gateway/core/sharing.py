@@ -8,10 +8,13 @@ Rules:
     these" (approximate mode; in precise mode the engines' own events say what they hold);
   - their own load per engine (``EngineLoad``): requests in flight, pending prefill (uncached
     prompt tokens sent that have not reached their first token: the queue a new request would wait
-    behind), and the concurrency limit the replica learned for the engine (0: none; every replica
-    admits against ``fleet_limit`` of those heard and its own, so all agree on one limit and the fleet
-    puts no more on an engine than one replica would), and its claim and holding of the engine's
-    slots (``core/holdings.py``: how many of them it may fill).
+    behind), and the concurrency limit the replica applies for the engine (0: none learned yet;
+    every replica admits against ``fleet_limit`` of those heard and its own, so all agree on one
+    limit and the fleet puts no more on an engine than one replica would), and its claim and holding
+    of the engine's slots (``core/holdings.py``: how many of them it may fill);
+  - in full batches, what the gaps it relayed showed per engine, as counts (``limiter.Evidence``):
+    the replica that leads learns each engine's limit from everyone's, as one replica seeing every
+    gap would, and the others take its limit (``core/limiter.py``).
 - Applying a fact does to the index what routing the request did: record the blocks on the engine,
   most recently used. A fact applied twice, or late, only refreshes blocks the engine was said to
   hold; the index's capacity bound (LRU, in tokens) keeps memory bounded whatever arrives.
@@ -24,10 +27,15 @@ Rules:
   characters (replicas that hash prompts differently must not mix their blocks).
 - On the wire a batch is versioned binary: the header, the engine ids once, each fact's engine
   index, prompt tokens, block tokens and block hashes as unsigned 64-bit integers, then the load
-  entries. ``decode`` refuses anything malformed or past the limits below with
-  ``ValueError``.
+  entries, then the evidence entries (an engine's whole-window counts, then its levels'). ``decode``
+  refuses anything malformed or past the limits below with ``ValueError``, and any format but its
+  own: replicas of versions with different formats ignore each other's batches (format 4 added the
+  evidence).
+- Evidence is absolute too (counts over the publisher's windows when it sent them): a full batch
+  replaces what its publisher said before; other batches carry none and change nothing.
 - Every table here is bounded: at most ``max_peers`` publishers (the one heard from least
-  recently is forgotten first) and, per publisher, only engines it has load on.
+  recently is forgotten first) and, per publisher, only engines it has load or evidence on, at most
+  ``MAX_LEVELS`` levels each.
 """
 
 from __future__ import annotations
@@ -38,12 +46,15 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-FORMAT = 3
+from priority_gateway.core.limiter import Evidence, LevelCounts
+
+FORMAT = 4
 PUBLISHER_BYTES = 16
 MAX_FACTS = 65_535
 MAX_BLOCKS = 65_535
 MAX_ENGINES = 4096
 MAX_ENGINE_ID_BYTES = 2048
+MAX_LEVELS = 4096
 
 # format, flags, publisher, sequence, sent_at, block_chars, engines
 _HEADER = struct.Struct("<BB16sQdHH")
@@ -51,6 +62,8 @@ _LENGTH = struct.Struct("<H")
 _COUNT = struct.Struct("<I")
 _FACT = struct.Struct("<HIHH")  # engine index, prompt tokens, block tokens, blocks
 _LOAD = struct.Struct("<HIIfIII")  # engine index, in flight, prefill tokens, learned limit, claim, spare, held
+_EVIDENCE = struct.Struct("<HIIIH")  # engine index, gaps, over budget, far over, levels
+_LEVEL = struct.Struct("<HIIIII")  # level, fresh, fresh over, fresh within, long, long within
 _FULL = 1
 
 
@@ -105,6 +118,8 @@ class Learned:
     """``load`` names every engine the publisher has load on; the rest have none."""
     serial: int = 0
     """Which of the publisher's ``take_learned`` calls this is (the latest, once merged); never sent."""
+    evidence: dict[str, Evidence] = field(default_factory=dict)
+    """The publisher's own gaps per engine as counts (full batches only: they replace what came before)."""
 
     def __bool__(self) -> bool:
         return bool(self.facts or self.load or self.full)
@@ -115,6 +130,7 @@ class Learned:
         if later.full:
             self.load = dict(later.load)
             self.full = True
+            self.evidence = dict(later.evidence)
         else:
             self.load.update(later.load)
         self.serial = later.serial
@@ -136,7 +152,7 @@ def encode(batch: Batch) -> bytes:
     engines: dict[str, int] = {}
     for fact in learned.facts:
         engines.setdefault(fact.engine, len(engines))
-    for engine in learned.load:
+    for engine in (*learned.load, *learned.evidence):
         engines.setdefault(engine, len(engines))
     if len(learned.facts) > MAX_FACTS or len(engines) > MAX_ENGINES:
         raise ValueError("too many facts or engines for one batch")
@@ -171,7 +187,45 @@ def encode(batch: Batch) -> bytes:
                 _u32(load.held),
             )
         )
+    parts.append(_COUNT.pack(len(learned.evidence)))
+    for engine, evidence in learned.evidence.items():
+        parts += _encode_evidence(engines[engine], evidence)
     return b"".join(parts)
+
+
+def _encode_evidence(index: int, evidence: Evidence) -> list[bytes]:
+    """One engine's evidence entry, its counts clamped to what the format holds and kept consistent."""
+    levels = [(level, c) for level, c in sorted(evidence.levels.items()) if 0 < level <= 0xFFFF][:MAX_LEVELS]
+    gaps = _u32(evidence.gaps)
+    parts = [_EVIDENCE.pack(index, gaps, min(_u32(evidence.over), gaps), min(_u32(evidence.far), gaps), len(levels))]
+    for level, c in levels:
+        fresh, long = _u32(c.fresh), _u32(c.long)
+        over = min(_u32(c.fresh_over), fresh)
+        within = min(_u32(c.fresh_within), fresh - over)
+        parts.append(_LEVEL.pack(level, fresh, over, within, long, min(_u32(c.long_within), long)))
+    return parts
+
+
+def _decode_evidence(view: memoryview, at: int, engines: list[str]) -> tuple[dict[str, Evidence], int]:
+    (n,) = _COUNT.unpack_from(view, at)
+    at += _COUNT.size
+    if n > len(engines):
+        raise ValueError("too many evidence entries")
+    out = {}
+    for _ in range(n):
+        index, gaps, over, far, n_levels = _EVIDENCE.unpack_from(view, at)
+        at += _EVIDENCE.size
+        if index >= len(engines) or engines[index] in out or over > gaps or far > gaps or n_levels > MAX_LEVELS:
+            raise ValueError("evidence entry out of bounds")
+        levels = {}
+        for _ in range(n_levels):
+            level, fresh, fresh_over, fresh_within, long, long_within = _LEVEL.unpack_from(view, at)
+            at += _LEVEL.size
+            if level == 0 or level in levels or fresh_over + fresh_within > fresh or long_within > long:
+                raise ValueError("evidence level out of bounds")
+            levels[level] = LevelCounts(fresh, fresh_over, fresh_within, long, long_within)
+        out[engines[index]] = Evidence(gaps, over, far, levels)
+    return out, at
 
 
 def decode(data: bytes) -> Batch:
@@ -213,11 +267,13 @@ def decode(data: bytes) -> Batch:
             if index >= n_engines or not 0.0 <= limit < math.inf:
                 raise ValueError("load entry out of bounds")
             load[engines[index]] = EngineLoad(inflight, prefill, limit, claim, spare, held)
+        evidence, at = _decode_evidence(view, at, engines)
         if at != len(view):
             raise ValueError("trailing bytes")
     except (struct.error, UnicodeDecodeError) as exc:
         raise ValueError(f"malformed batch: {exc}") from None
-    return Batch(bytes(publisher), sequence, sent_at, block_chars, Learned(facts, load, bool(flags & _FULL)))
+    learned = Learned(facts, load, bool(flags & _FULL), evidence=evidence)
+    return Batch(bytes(publisher), sequence, sent_at, block_chars, learned)
 
 
 def _u32(value: int) -> int:
@@ -229,6 +285,7 @@ class _Peer:
     sequence: int
     heard_at: float
     load: dict[str, EngineLoad] = field(default_factory=dict)
+    evidence: dict[str, Evidence] = field(default_factory=dict)
 
 
 class Peers:
@@ -279,6 +336,27 @@ class Peers:
                     peer.load.pop(engine, None)
         return changed
 
+    def report_evidence(self, publisher: bytes, evidence: dict[str, Evidence]) -> None:
+        """A publisher's evidence from a full batch (after ``heard``): it replaces what it said before."""
+        peer = self._peers.get(publisher)
+        if peer is not None:
+            peer.evidence = dict(evidence)
+
+    def evidence(self, engine: str) -> list[Evidence]:
+        """What the publishers heard last said their gaps on ``engine`` showed."""
+        return [e for peer in self._peers.values() if (e := peer.evidence.get(engine)) is not None]
+
+    def limit_of(self, publisher: bytes, engine: str) -> float:
+        """The limit ``publisher`` last reported applying for ``engine`` (0: none, or not heard)."""
+        peer = self._peers.get(publisher)
+        load = peer.load.get(engine) if peer is not None else None
+        return load.limit if load is not None else 0.0
+
+    def lowest(self, engine: str) -> bytes | None:
+        """The lowest id of the publishers that learn a limit for ``engine`` (their full batches carry
+        evidence for it, if only that they saw nothing); None: nobody heard does."""
+        return min((p for p, peer in self._peers.items() if engine in peer.evidence), default=None)
+
     def expire(self, now: float, silent_s: float) -> set[str]:
         """Forget publishers not heard from within ``silent_s``; returns the engines whose totals changed."""
         changed: set[str] = set()
@@ -319,6 +397,7 @@ class Peers:
             self._add(engine, load, -1)
         changed = set(peer.load)
         peer.load.clear()
+        peer.evidence.clear()
         return changed
 
     def _add(self, engine: str, load: EngineLoad, sign: int) -> None:

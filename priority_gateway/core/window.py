@@ -6,13 +6,15 @@ Rules:
 - The window is ``slices`` time slices of ``slice_s`` seconds; a slice older than the
   window is dropped whole, so the window covers between (slices-1) and slices slices.
 - Quantiles are estimates: the upper edge of the bucket holding the rank, never below
-  the true value by more than one bucket's width.
+  the true value by more than one bucket's width. Whether a quantile is within a bound can also
+  be told from counts alone (``count_at_most`` and ``within``), which windows of several
+  replicas can add up.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 
 _MIN = 1e-4
 _MAX = 600.0
@@ -103,6 +105,13 @@ class LatencyWindow:
         first = bisect_left(EDGES, value) + 1
         return sum(n for bucket, n in self._counts.items() if bucket >= first)
 
+    def count_at_most(self, value: float, now: float) -> int:
+        """Observations whose bucket lies wholly at or below ``value``: the q-quantile is at most ``value``
+        exactly when they are at least ``ceil(q * count)`` of the window (``within``)."""
+        self.expire(now)
+        last = bisect_right(EDGES, value)
+        return sum(n for bucket, n in self._counts.items() if bucket < last)
+
     def reset(self) -> None:
         for counts in self._slice_counts:
             counts.clear()
@@ -111,3 +120,9 @@ class LatencyWindow:
         self.count = 0
         self._current_start = math.inf
         self._current_end = -math.inf
+
+
+def within(q: float, count: int, at_most: int) -> bool:
+    """The q-quantile of ``count`` observations is within a bound that ``at_most`` of them are within
+    (``count_at_most``): what ``quantile(q) <= bound`` says of one window, for counts summed over several."""
+    return count > 0 and at_most >= max(1, math.ceil(q * count))

@@ -572,7 +572,7 @@ class Cluster:
         """Every replica's publisher: what it has to tell since its previous batch goes out now."""
         full, self._full_due = self._full_due, False
         for replica, dispatcher in enumerate(self.dispatchers):
-            learned = dispatcher.take_learned(full)
+            learned = dispatcher.take_learned(full, self.now)
             if learned:
                 self._share_send(replica, learned)
             told = dispatcher.take_tenant_shares(full) if self.setup.share_tenants else None
@@ -597,7 +597,7 @@ class Cluster:
                     dispatcher.learn(Batch(publisher, 0, 0.0, 64, Learned([], {}, True)), 0.0)
         for replica, dispatcher in enumerate(self.dispatchers):
             self._sequence[replica] += 1
-            batch = Batch(ids[replica], self._sequence[replica], 0.0, 64, dispatcher.take_learned(True))
+            batch = Batch(ids[replica], self._sequence[replica], 0.0, 64, dispatcher.take_learned(True, self.now))
             self._share_arrive((replica, batch))
 
     def _share_full(self) -> None:

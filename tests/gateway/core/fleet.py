@@ -33,8 +33,8 @@ class Fleet:
                 if j != i:
                     replica.learn(Batch(self.ids[j], 0, 0.0, 64, Learned([], {}, True)), 0.0)
 
-    def publish(self, i: int, full: bool = False) -> None:
-        learned = self.replicas[i].take_learned(full)
+    def publish(self, i: int, full: bool = False, now: float = 0.0) -> None:
+        learned = self.replicas[i].take_learned(full, now)
         if learned:
             self.sequence[i] += 1
             batch = Batch(self.ids[i], self.sequence[i], 0.0, 64, learned)
@@ -57,7 +57,7 @@ class Fleet:
     def round(self, now: float = 0.0, full: bool = False) -> list[list[Dispatch]]:
         """Every replica publishes, then reads all there is; the requests each started."""
         for i in range(len(self.replicas)):
-            self.publish(i, full)
+            self.publish(i, full, now)
         started: list[list[Dispatch]] = [[] for _ in self.replicas]
         for i in range(len(self.replicas)):
             while self.behind(i):

@@ -10,7 +10,7 @@ from priority_gateway.core.dispatcher import AdmissionSettings, Dispatch, Dispat
 from priority_gateway.core.engines import EngineMetrics
 from priority_gateway.core.limiter import LimitSettings
 from priority_gateway.core.request import RouteRequest
-from priority_gateway.core.sharing import Batch, EngineLoad, Learned, decode, encode
+from priority_gateway.core.sharing import Batch, EngineLoad, Learned, decode, encode, fleet_limit
 from tests.gateway.core.fleet import Fleet, engine_of, inflight
 from tests.gateway.core.test_holdings import warm
 from tests.gateway.core.test_sharing import Channel
@@ -95,15 +95,78 @@ def fleet_of(*limits: float) -> Fleet:
     ],
 )
 def test_the_fleet_runs_the_mean_limit_rounded_to_the_nearest_request(limits, runs):
-    """Each replica learns from its own quarter of the gaps, and the four step out of phase: a fleet
-    that ran the mean rounded up grew whenever any one replica stepped up and shrank only once all
-    had stepped down, so on real engines it ran a request more than one replica learns (ITL p99
-    269 ms against 49 ms; ``benchmarks/results/gpu/fleet/itl``)."""
+    """Replicas that learn apart (the channel back after a break, before the leader's limit is heard)
+    step out of phase: a fleet that ran the mean rounded up grew whenever any one replica stepped up
+    and shrank only once all had stepped down, so on real engines it ran a request more than one
+    replica learns (ITL p99 269 ms against 49 ms; ``benchmarks/results/gpu/fleet/itl``)."""
+    assert fleet_limit(limits) == float(runs)
     fleet = fleet_of(*limits)
     first = fleet.replicas[0]
-    assert started(start(first, 6)) + rounds(fleet) == runs
-    assert first.concurrency_limits() == {ENGINE: float(runs)}
-    assert all(d.holdings.slots(ENGINE, 0.0) == runs for d in fleet.replicas)
+    # Heard at once, the lowest id's limit is everyone's: one replica's, whatever the others had.
+    applied = first.concurrency_limits()[ENGINE]
+    assert applied in limits
+    assert all(d.concurrency_limits() == {ENGINE: applied} for d in fleet.replicas)
+    assert started(start(first, 6)) + rounds(fleet) == applied
+    assert all(d.holdings.slots(ENGINE, 0.0) == applied for d in fleet.replicas)
+
+
+def gaps(d: Dispatcher, n: int, load: int, seconds: float, now: float) -> None:
+    """``n`` gaps of ``seconds`` relayed by ``d`` with ``load`` requests on the engine."""
+    limit = d.limits[ENGINE]
+    for _ in range(n):
+        limit.observe_itl(seconds, load, now)
+
+
+def test_the_lowest_id_learns_each_limit_for_the_fleet_on_everyones_gaps_and_the_others_take_it():
+    fleet = Fleet([replica(initial=2.0) for _ in range(3)])
+    warm(fleet)
+    a, b, c = fleet.replicas
+    # Each relayed 60 gaps at 2 requests in flight, well within budget: too few for one replica to judge
+    # (``min_samples`` 100), enough together.
+    for d in fleet.replicas:
+        gaps(d, 60, 2, 0.01, 1.0)
+        d.limits[ENGINE].note_load(2)
+    fleet.round(now=1.5, full=True)
+    for d in fleet.replicas:
+        d.poll(2.0)
+    assert a.limits[ENGINE].limit == 3.0 and a.limits[ENGINE].reason == "itl_within_budget"
+    fleet.round(now=2.0)
+    for d in (b, c):
+        assert d.limits[ENGINE].limit == 3.0 and d.limits[ENGINE].reason == "learned_by_peers"
+    assert all(d.concurrency_limits() == {ENGINE: 3.0} for d in fleet.replicas)
+
+
+def test_a_replica_that_learned_nothing_does_not_drag_the_fleets_limit():
+    a, b = replica(initial=2.0), replica(initial=2.0)
+    learned(a, 9.0, "itl_within_budget")
+    fleet = Fleet([a, b])
+    fleet.introduce()
+    fleet.publish(0, full=True)
+    fleet.deliver(0)
+    assert b.take_learned(full=True).load[ENGINE].limit == 0.0  # its probe level is not the fleet's to count
+    assert a.concurrency_limits() == {ENGINE: 9.0}
+
+
+def test_when_the_leader_goes_silent_the_next_lowest_learns_from_where_the_fleet_was():
+    fleet = Fleet([replica(initial=2.0) for _ in range(3)])
+    warm(fleet)
+    a, b, c = fleet.replicas
+    learned(a, 6.0, "itl_within_budget")
+    fleet.round(now=0.5, full=True)
+    fleet.round(now=0.6)
+    assert b.limits[ENGINE].limit == c.limits[ENGINE].limit == 6.0
+    rest = Fleet([b, c])  # a stopped
+    rest.ids = fleet.ids[1:]
+    for d in (b, c):
+        d.expire_peers(10.0, silent_s=3.0)
+        gaps(d, 60, 6, 0.01, 10.0)
+        d.limits[ENGINE].note_load(6)
+    rest.round(now=10.5, full=True)
+    b.poll(12.0)
+    c.poll(12.0)
+    assert b.limits[ENGINE].limit == 7.0 and c.limits[ENGINE].limit == 6.0  # b leads now, from 6
+    rest.round(now=12.1)
+    assert c.limits[ENGINE].limit == 7.0
 
 
 def test_a_limit_change_goes_out_in_the_next_batch():

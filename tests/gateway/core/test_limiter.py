@@ -165,3 +165,54 @@ def test_slowness_the_engine_confirms_still_shrinks_the_limit():
             limit.observe_engine_itl(engine_histogram(fast, slow), t)
         limit.update(t, load)
     assert limit.limit < 4
+
+
+def stalls_over_4(load, rng):
+    share = 0.007 if load <= 4 else 0.05
+    return 0.1 if rng.random() < share else 0.036
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    itl_of=st.sampled_from([cliff_at_4, stalls_over_4, lambda load, rng: 0.005 + 0.002 * load * rng.random()]),
+    replicas=st.integers(min_value=2, max_value=5),
+    seed=st.integers(min_value=0, max_value=2**16),
+)
+def test_replicas_that_add_up_their_counts_learn_what_one_replica_fed_every_gap_learns(itl_of, replicas, seed):
+    # The same engine, the same gaps: one replica relays them all, or each of ``replicas`` relays some; the
+    # first of them leads on everyone's counts, the others follow it.
+    rng, split = random.Random(seed), random.Random(seed + 1)
+    one = ConcurrencyLimit(0.05, LimitSettings(), 0.0)
+    fleet = [ConcurrencyLimit(0.05, LimitSettings(), 0.0) for _ in range(replicas)]
+    leader, followers = fleet[0], fleet[1:]
+    t = 0.0
+    while t < 200.0:
+        load = int(one.limit)
+        assert leader.limit == one.limit, t
+        for _ in range(3 * load):  # a step of 10 ms gives each request a token; 3 steps a tick
+            gap = itl_of(load, rng)
+            one.observe_itl(gap, load, t)
+            split.choice(fleet).observe_itl(gap, load, t)
+        one.note_load(load)
+        leader.note_load(load)
+        t += 0.1
+        one.update(t, load)
+        heard = [r.evidence(t) for r in fleet]
+        for i, follower in enumerate(followers, 1):
+            follower.update(t, load, heard[:i] + heard[i + 1 :], lead=False)
+        leader.update(t, load, heard[1:])
+        for follower in followers:
+            follower.follow(leader.limit, t)
+    assert one.learned and leader.limit == one.limit
+
+
+def test_a_replica_that_follows_never_moves_the_limit_itself():
+    limit = ConcurrencyLimit(0.05, LimitSettings(), 0.0)
+    t = 0.0
+    while t < 60.0:
+        limit.observe_itl(0.01, 2, t)
+        limit.note_load(2)
+        t += 1.0 / 30
+        limit.update(t, 2.0, lead=False)
+    assert limit.limit == LimitSettings().initial and not limit.learned
+    assert limit.follow(7.0, t) and limit.limit == 7.0 and limit.learned

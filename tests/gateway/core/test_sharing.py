@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from priority_gateway.core.dispatcher import Dispatch, Dispatcher, PoolSpec
 from priority_gateway.core.engines import EngineMetrics
+from priority_gateway.core.limiter import Evidence, LevelCounts
 from priority_gateway.core.prefix import chain_seed, estimate_tokens, hash_blocks
 from priority_gateway.core.request import RouteRequest
 from priority_gateway.core.sharing import Batch, EngineLoad, Learned, Peers, RoutedBlocks, decode, encode
@@ -235,12 +236,48 @@ loads = st.dictionaries(
     st.builds(EngineLoad, st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)),
 )
 
+counts = st.integers(0, 2**20)
+level_counts = st.builds(
+    lambda over, within, rest, long_within, long_rest: LevelCounts(
+        over + within + rest, over, within, long_within + long_rest, long_within
+    ),
+    counts,
+    counts,
+    counts,
+    counts,
+    counts,
+)
+evidences = st.dictionaries(
+    st.sampled_from(ENGINES),
+    st.builds(
+        lambda over, far, rest, levels: Evidence(max(over, far) + rest, over, far, levels),
+        counts,
+        counts,
+        counts,
+        st.dictionaries(st.integers(1, 0xFFFF), level_counts, max_size=8),
+    ),
+)
+
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(fact, max_size=20), loads, st.booleans(), st.integers(0, 2**64 - 1))
-def test_a_batch_comes_back_as_it_was_sent(facts, load, full, sequence):
-    batch = Batch(b"p" * 16, sequence, 1234.5, 64, Learned(facts, load, full))
+@given(st.lists(fact, max_size=20), loads, st.booleans(), st.integers(0, 2**64 - 1), evidences)
+def test_a_batch_comes_back_as_it_was_sent(facts, load, full, sequence, evidence):
+    batch = Batch(b"p" * 16, sequence, 1234.5, 64, Learned(facts, load, full, evidence=evidence))
     assert decode(encode(batch)) == batch
+
+
+def test_evidence_that_cannot_be_is_refused():
+    good = Evidence(10, 2, 1, {3: LevelCounts(10, 2, 8, 50, 49)})
+    raw = encode(Batch(b"p" * 16, 1, 0.0, 64, Learned(evidence={ENGINES[0]: good})))
+    assert decode(raw).learned.evidence == {ENGINES[0]: good}
+    level_at = len(raw) - struct.calcsize("<HIIIII")
+    for bad in (
+        struct.pack("<HIIIII", 0, 10, 2, 8, 50, 49),  # no level 0
+        struct.pack("<HIIIII", 3, 10, 3, 8, 50, 49),  # more over and within than gaps
+        struct.pack("<HIIIII", 3, 10, 2, 8, 50, 51),  # more within than gaps
+    ):
+        with pytest.raises(ValueError, match="evidence"):
+            decode(raw[:level_at] + bad)
 
 
 @settings(max_examples=300, deadline=None)
@@ -259,6 +296,8 @@ def test_unknown_formats_and_trailing_bytes_are_refused():
     raw = encode(Batch(b"p" * 16, 1, 0.0, 64, Learned()))
     with pytest.raises(ValueError, match="format"):
         decode(b"\x01" + raw[1:])  # the format before learned limits were shared
+    with pytest.raises(ValueError, match="format"):
+        decode(b"\x03" + raw[1:])  # the format before evidence was shared
     with pytest.raises(ValueError, match="trailing"):
         decode(raw + b"\0")
     with pytest.raises(ValueError):

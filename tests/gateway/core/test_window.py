@@ -1,6 +1,9 @@
 import random
 
-from priority_gateway.core.window import EDGES, LatencyWindow
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from priority_gateway.core.window import EDGES, LatencyWindow, within
 
 
 def test_quantile_is_close_to_the_exact_one():
@@ -28,3 +31,18 @@ def test_old_slices_fall_out_of_the_window():
 
 def test_edges_cover_the_useful_range():
     assert EDGES[0] <= 1e-4 and EDGES[-1] >= 600
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(st.floats(min_value=1e-4, max_value=1.0), min_size=1, max_size=300),
+    bound=st.floats(min_value=1e-4, max_value=1.0),
+    q=st.sampled_from([0.5, 0.9, 0.99]),
+)
+def test_counts_tell_whether_a_quantile_is_within_a_bound(values, bound, q):
+    window = LatencyWindow(10.0)
+    for value in values:
+        window.observe(value, 1.0)
+    quantile = window.quantile(q, 1.0)
+    assert quantile is not None
+    assert within(q, window.count, window.count_at_most(bound, 1.0)) == (quantile <= bound)
