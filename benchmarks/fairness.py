@@ -321,8 +321,8 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fleet = summary.get("replicas") or []
-    if fleet:
+    fleet = summary.get("replicas")
+    if isinstance(fleet, list) and fleet:  # the virtual runs' replica setups; in real time, a count
         fig = plt.figure(figsize=(13, 8.5))
         grid = fig.add_gridspec(2, 2)
         left, right = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
