@@ -75,6 +75,14 @@ from priority_gateway.keys.remote import RemoteKeys
 ROOT = Path(__file__).resolve().parents[1]
 MISSES_LISTED = 100
 """A well-behaved tenant's missed requests listed one by one per run (``misses``), at most."""
+GATEWAY_METRICS = (
+    "gateway_tenant_tokens_total",
+    "gateway_tenant_slo_total",
+    "gateway_tenant_share_replicas",
+    "gateway_engine_concurrency_limit",
+)
+"""The replicas' own metrics kept in ``runs.json`` at the end of each run: per tenant, how many
+replicas' tenants count (sharing), and the concurrency limit admission learned for each engine."""
 
 
 def progress(message: str) -> None:
@@ -203,13 +211,11 @@ def one_run(
         meter.start({"engines": engines.procs, "gateways": replicas, "redis": [redis.proc] if redis else []})
         start, samples = asyncio.run(load(urls, engines.model, keys, rates, args.seconds, args.warmup_s))
         cpu = meter.stop()
-        tenant_metrics = [
+        gateway_metrics = [
             line
             for r in replicas
             for line in httpx.get(r.url + "/metrics", timeout=10).text.splitlines()
-            if line.startswith(
-                ("gateway_tenant_tokens_total", "gateway_tenant_slo_total", "gateway_tenant_share_replicas")
-            )
+            if line.startswith(GATEWAY_METRICS)
         ]
     finally:
         stop_all(replicas)
@@ -220,7 +226,7 @@ def one_run(
     return {
         "rows": per_tenant(samples, start, args.seconds - args.warmup_s, args.budget_ms),
         "cpu": cpu,
-        "gateway_tenant_metrics": tenant_metrics,
+        "gateway_metrics": gateway_metrics,
     }
 
 
