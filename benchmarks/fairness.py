@@ -69,7 +69,7 @@ CHUNK_TOKENS = 384
 decoding requests stays within the 50 ms ITL budget on this profile (0.093 ms a prefill token plus
 the step's fixed 4 ms), and a 1024-token prompt still prefills in three steps, well within TTFT."""
 PROBE_RPS = 30.0
-"""The capacity probe's rate, far over what the pool serves within budget."""
+"""The capacity probe's rate on ``ENGINES`` engines, far over what they serve within budget."""
 LAYOUTS = ("spread", "skewed", "apart")
 """How tenants reach the replicas (``layout``)."""
 
@@ -169,12 +169,16 @@ def jain(values: list[float]) -> float:
     return round(sum(values) ** 2 / (len(values) * sum(v * v for v in values)), 4) if any(values) else 0.0
 
 
+def probe_rates(engines: int = ENGINES) -> dict[str, float]:
+    """The capacity probe's one tenant and its rate: ``PROBE_RPS`` per ``ENGINES`` engines."""
+    return {"probe": PROBE_RPS * engines / ENGINES}
+
+
 def capacity(seconds: float, chunk: int = CHUNK_TOKENS) -> tuple[float, float]:
     """Requests/s the pool completes within its budgets when one tenant asks for far more, and the
     concurrency limit admission learned for its engines then (their mean)."""
-    rates = {"probe": PROBE_RPS}
     probe = cluster(True, chunk=chunk)
-    records = probe.run(trace_of(rates, seconds))["records"]
+    records = probe.run(trace_of(probe_rates(), seconds))["records"]
     met = sum(meets_budget(r, BUDGET) for r in records.values() if r.req.arrival >= WARMUP_S)
     limits = [limit.limit for limit in probe.dispatchers[0].limits.values()]
     return met / (seconds - WARMUP_S), sum(limits) / len(limits)
@@ -315,8 +319,8 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fleet = summary.get("replicas") or []
-    if fleet:
+    fleet = summary.get("replicas")
+    if isinstance(fleet, list) and fleet:  # the virtual runs' replica setups; in real time, a count
         fig = plt.figure(figsize=(13, 8.5))
         grid = fig.add_gridspec(2, 2)
         left, right = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])

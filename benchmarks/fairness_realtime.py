@@ -1,22 +1,25 @@
 """Noisy neighbour in real time: the scenario of ``benchmarks/fairness.py`` through ``gateway serve``.
 
 Real processes on loopback (``benchmarks/live_stack.py``): one gateway (``--replicas N``: N on one
-``redis-server``, clients round robin over them) in front of an interactive pool of simulated
-``gemma4-nvfp4`` engines in real time, or external engines (``--engines interactive=URL,URL``).
+``redis-server``, clients round robin over them, the replicas sharing their tenants as on any
+Redis store: ``core/tenant_share.py``) in front of an interactive pool of simulated ``gemma4-nvfp4``
+engines in real time, prefilling ``CHUNK_TOKENS`` tokens a step as in ``benchmarks/fairness.py``
+(``--max-num-batched-tokens``), or external engines (``--engines interactive=URL,URL``).
 Four API keys, one tenant each, of equal weight, are created through the admin API
 (``POST /admin/keys``, the client ``gateway keys --url`` uses); each tenant's requests are a Poisson
 stream with its own key, streamed and timed by the client. The scenario, its rates and the
 summary are ``benchmarks/fairness.py``'s (``scenarios``, ``compare``): ``C``, what the pool serves
-within its budgets with one tenant far over it, is measured first (or given with ``--capacity``);
-a tenant's share is C / 4; then, with fair queueing (``fair``) and without (``unfair``:
-``tenants.fair: false``): the three well-behaved tenants alone at 60 % of their share (``quiet``),
+within its budgets with one tenant far over it (``probe_rates``), is measured first (or given with
+``--capacity``); a tenant's share is C / 4; then, with fair queueing (``fair``) and without
+(``unfair``: ``tenants.fair: false``): the three well-behaved tenants alone at 60 % of their share (``quiet``),
 the same plus the noisy one at 5x its share (``noisy``), everyone over their share
 (``backlogged``: the token shares, Jain's index) and the noisy one alone (``alone``). Every run
 starts fresh gateways and a fresh store, so nothing learned carries over.
 
 ``summary.json`` has per run (``fair``, ``unfair``) per tenant ``slo_attainment`` (in the noisy
 scenario), ``slo_attainment_without_noisy``, ``kept``, ``share`` (backlogged), ``weight``, and
-``jain_index``; ``runs.json`` every scenario's rows and the CPU it took.
+``jain_index``; ``runs.json`` every scenario's rows (with why requests missed: ``missed_ttft``,
+``missed_itl``, and each well-behaved tenant's misses one by one), the CPU it took and the host's load.
 
     python benchmarks/fairness_realtime.py [--seconds 150] [--replicas 1] [--capacity C]
     python benchmarks/fairness_realtime.py --engines interactive=http://h:8000,http://h:8001 --out DIR
@@ -36,7 +39,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from fairness import BUDGET, INPUT, OUTPUT, TENANTS, WARMUP_S, WEIGHTS, compare, plot, rates_of, scenarios
+from fairness import (
+    BUDGET,
+    CHUNK_TOKENS,
+    INPUT,
+    OUTPUT,
+    TENANTS,
+    WARMUP_S,
+    WEIGHTS,
+    WELL_BEHAVED,
+    compare,
+    plot,
+    probe_rates,
+    rates_of,
+    scenarios,
+)
 from live_stack import (
     CpuMeter,
     Engines,
@@ -52,11 +69,20 @@ from live_stack import (
 from priority_gateway.bench import loadgen, stats
 from priority_gateway.bench.loadgen import Sample
 from priority_gateway.bench.workload import load_arrivals
+from priority_gateway.engines.sim.sweep import percentile
 from priority_gateway.keys.remote import RemoteKeys
 
 ROOT = Path(__file__).resolve().parents[1]
-PROBE = "probe"
-PROBE_RPS_PER_ENGINE = 10.0 / 8  # benchmarks/fairness.py probes 8 engines at 10 requests/s
+MISSES_LISTED = 100
+"""A well-behaved tenant's missed requests listed one by one per run (``misses``), at most."""
+GATEWAY_METRICS = (
+    "gateway_tenant_tokens_total",
+    "gateway_tenant_slo_total",
+    "gateway_tenant_share_replicas",
+    "gateway_engine_concurrency_limit",
+)
+"""The replicas' own metrics kept in ``runs.json`` at the end of each run: per tenant, how many
+replicas' tenants count (sharing), and the concurrency limit admission learned for each engine."""
 
 
 def progress(message: str) -> None:
@@ -92,7 +118,8 @@ async def load(
     rates: dict[str, float],
     seconds: float,
     warmup_s: float,
-) -> dict[str, list[Sample]]:
+) -> tuple[float, dict[str, list[Sample]]]:
+    """Each tenant's requests sent after the warm-up, and when the run started (``loadgen.now``)."""
     tag = secrets.token_hex(4)
     finished: list[Sample] = []
     streams = {}
@@ -119,28 +146,54 @@ async def load(
         reporter.cancel()
         for target, _ in streams.values():
             await target.client.aclose()
-    return {
+    return start, {
         tenant: [s for s in samples if s.sent - start >= warmup_s]
         for tenant, samples in zip(streams, results, strict=True)
     }
 
 
 def per_tenant(
-    samples: dict[str, list[Sample]], span_s: float, budget_ms: tuple[float, float]
+    samples: dict[str, list[Sample]], start: float, span_s: float, budget_ms: tuple[float, float]
 ) -> dict[str, dict[str, Any]]:
     """``benchmarks/fairness.py``'s rows from what the clients saw: requests sent after the warm-up,
-    those within both budgets, those refused, and the tokens (prompt + output) of those completed."""
+    those within both budgets, those refused, and the tokens (prompt + output) of those completed;
+    and why the others missed: over the TTFT budget (``missed_ttft``), within it but over the ITL
+    budget (``missed_itl``), and a well-behaved tenant's misses one by one (``misses``)."""
     rows = {}
     for tenant, mine in samples.items():
         done = [s for s in mine if stats.completed(s)]
+        missed = [s for s in mine if not stats.meets_slo(s, *budget_ms)]
+        # A request that completed within its TTFT budget and missed can only have missed on ITL.
+        started = [s for s in missed if stats.completed(s) and s.chunks]
+        late = [s for s in started if (s.chunks[0] - s.sent) * 1000.0 > budget_ms[0]]
         rows[tenant] = {
             "requests": len(mine),
-            "met": sum(stats.meets_slo(s, *budget_ms) for s in mine),
+            "met": len(mine) - len(missed),
             "refused": sum(s.refused is not None for s in mine),
             "errors": sum(s.error is not None for s in mine),
+            "missed_ttft": len(late),
+            "missed_itl": len(started) - len(late),
             "tokens": sum((s.prompt_tokens or INPUT) + stats.tokens(s) for s in done),
         }
+        if tenant in WELL_BEHAVED:
+            rows[tenant]["misses"] = [miss(s, start) for s in missed[:MISSES_LISTED]]
     return rates_of(rows, span_s)
+
+
+def miss(sample: Sample, start: float) -> dict[str, Any]:
+    """A request that missed its budgets, as the client saw it: when it was sent (s into the run),
+    how late the client sent it, its TTFT, its ITL p99 and largest gap, and whether it was refused."""
+    gaps = stats.gaps(sample)
+    first = (sample.chunks[0] - sample.sent) * 1000.0 if sample.chunks else None
+    return {
+        "sent_s": round(sample.sent - start, 2),
+        "lag_ms": round(sample.lag * 1000.0, 1),
+        "ttft_ms": round(first, 1) if first is not None else None,
+        "itl_p99_ms": round(percentile(gaps, 99) * 1000.0, 2) if gaps else None,
+        "itl_max_ms": round(max(gaps) * 1000.0, 2) if gaps else None,
+        "refused": sample.refused,
+        "error": sample.error,
+    }
 
 
 def one_run(
@@ -156,13 +209,13 @@ def one_run(
         keys = create_keys(urls[0], admin, list(rates))
         meter = CpuMeter()
         meter.start({"engines": engines.procs, "gateways": replicas, "redis": [redis.proc] if redis else []})
-        samples = asyncio.run(load(urls, engines.model, keys, rates, args.seconds, args.warmup_s))
+        start, samples = asyncio.run(load(urls, engines.model, keys, rates, args.seconds, args.warmup_s))
         cpu = meter.stop()
-        tenant_metrics = [
+        gateway_metrics = [
             line
             for r in replicas
             for line in httpx.get(r.url + "/metrics", timeout=10).text.splitlines()
-            if line.startswith(("gateway_tenant_tokens_total", "gateway_tenant_slo_total"))
+            if line.startswith(GATEWAY_METRICS)
         ]
     finally:
         stop_all(replicas)
@@ -171,9 +224,9 @@ def one_run(
     if not wait_engines_idle(engines.urls["interactive"]):
         progress("  engines still hold requests 120 s after the run")
     return {
-        "rows": per_tenant(samples, args.seconds - args.warmup_s, args.budget_ms),
+        "rows": per_tenant(samples, start, args.seconds - args.warmup_s, args.budget_ms),
         "cpu": cpu,
-        "gateway_tenant_metrics": tenant_metrics,
+        "gateway_metrics": gateway_metrics,
     }
 
 
@@ -186,6 +239,12 @@ def main() -> None:
     parser.add_argument("--capacity", type=float, help="C in requests/s: skip measuring it")
     parser.add_argument("--interactive-engines", type=int, default=8, help="simulated engines")
     parser.add_argument("--profile", default="gemma4-nvfp4", help="simulated engines' profile")
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=CHUNK_TOKENS,
+        help="simulated engines' prefill tokens per step (default: benchmarks/fairness.py's)",
+    )
     parser.add_argument("--engines", nargs="+", metavar="interactive=URL,URL", help="external engines; none simulated")
     parser.add_argument(
         "--budget-ms",
@@ -208,16 +267,21 @@ def main() -> None:
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
-        simulated = {"interactive": (args.interactive_engines, ["--profile", args.profile])}
+        simulated = {
+            "interactive": (
+                args.interactive_engines,
+                ["--profile", args.profile, "--max-num-batched-tokens", str(args.max_num_batched_tokens)],
+            )
+        }
         engines = open_engines(tmp, args.engines, simulated)
         try:
             n = len(engines.urls["interactive"])
             if args.capacity is None:
-                rate = PROBE_RPS_PER_ENGINE * n
-                progress(f"capacity probe: one tenant at {rate:g} requests/s, {args.seconds:g} s ...")
-                probe = one_run(engines, args, tmp, {PROBE: rate}, fair=True)
+                rates = probe_rates(n)
+                progress(f"capacity probe: one tenant at {sum(rates.values()):g} requests/s, {args.seconds:g} s ...")
+                probe = one_run(engines, args, tmp, rates, fair=True)
                 runs["capacity_probe"] = probe
-                c = probe["rows"][PROBE]["met"] / (args.seconds - args.warmup_s)
+                c = sum(row["met"] for row in probe["rows"].values()) / (args.seconds - args.warmup_s)
             else:
                 c = args.capacity
             share = c / len(TENANTS)
@@ -244,6 +308,7 @@ def main() -> None:
         "command": " ".join(["python", "benchmarks/fairness_realtime.py", *sys.argv[1:]]),
         "mode": "real time" + (f", {args.replicas} replicas" if args.replicas > 1 else ""),
         "profile": engines.model if args.engines else args.profile,
+        "max_num_batched_tokens": None if args.engines else args.max_num_batched_tokens,
         "engines": len(engines.urls["interactive"]),
         "replicas": args.replicas,
         "budget_ms": {"ttft_p99": args.budget_ms[0], "itl_p99": args.budget_ms[1]},
