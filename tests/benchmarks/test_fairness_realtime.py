@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
-from tests.support.procs import ROOT
+from tests.benchmarks import run_script
 
 TENANTS = ("noisy", "team-a", "team-b", "team-c")
 
@@ -17,9 +15,7 @@ TENANTS = ("noisy", "team-a", "team-b", "team-c")
 def test_a_small_run_writes_the_summary_from_the_tenants_requests_and_repeats_fold_into_medians(tmp_path):
     out = tmp_path / "out"
     args = "--capacity 16 --seconds 2 --warmup-s 0.5 --interactive-engines 1 --profile default"
-    cmd = [sys.executable, "benchmarks/fairness_realtime.py", *args.split(), "--out", str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_script("fairness_realtime.py", args, out)
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["max_num_batched_tokens"] == 384
@@ -46,9 +42,7 @@ def test_a_small_run_writes_the_summary_from_the_tenants_requests_and_repeats_fo
     summary_again["fair"]["jain_index"] = 0.5
     (again / "summary.json").write_text(json.dumps(summary_again))
     medians = tmp_path / "medians"
-    cmd = [sys.executable, "benchmarks/fairness_repeats.py", str(out), str(again), str(out), "--out", str(medians)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_script("fairness_repeats.py", f"{out} {again} {out}", medians, timeout=60)
     folded = json.loads((medians / "summary.json").read_text())
     assert folded["fair"]["jain_index"] == fair["jain_index"]
     assert [r["fair"]["jain_index"] for r in folded["repeats"]] == [fair["jain_index"], 0.5, fair["jain_index"]]

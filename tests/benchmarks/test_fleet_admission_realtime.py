@@ -6,12 +6,10 @@ each replica's log saying it lost the channel and took its safe share."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.support.procs import ROOT
+from tests.benchmarks import run_script
 from tests.support.redis import REDIS_SERVER
 
 pytestmark = pytest.mark.redis
@@ -22,11 +20,7 @@ def test_a_small_run_with_redis_killed_measures_what_happened(tmp_path):
     args = "--setups fleet_redis_killed --replicas 2 --repeats 1 --minutes 0.15 --warmup-s 1 --rate 3"
     args += " --input 64 --output 16 --flood 6 --ramp-s 0.5 --sample-ms 20 --interactive-engines 1"
     args += " --batch-engines 1 --interactive-profile default --batch-profile default"
-    cmd = [sys.executable, "benchmarks/fleet_admission_realtime.py", *args.split()]
-    done = subprocess.run(
-        [*cmd, "--redis-server", REDIS_SERVER, "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_script("fleet_admission_realtime.py", args, out, "--redis-server", REDIS_SERVER)
 
     run = json.loads((out / "runs.json").read_text())[0]
     assert run["replicas"] == 2 and run["redis_down_s"] == [3.0, 6.0]

@@ -5,12 +5,10 @@ scraped around the window, count the gaps the client measured there."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.support.procs import ROOT
+from tests.benchmarks import run_script
 from tests.support.redis import REDIS_SERVER
 
 pytestmark = pytest.mark.redis
@@ -21,11 +19,7 @@ def test_a_small_run_places_every_request_and_the_engines_count_the_clients_gaps
     args = "--setups fleet --replicas 2 --repeats 1 --seconds 6 --warmup-s 1 --rate 3 --input 64 --output 16"
     args += " --flood 4 --ramp-s 0.5 --sample-ms 50 --scrape-s 0.5 --interactive-profile default"
     args += " --batch-profile default"
-    cmd = [sys.executable, "benchmarks/gpu/fleet_itl.py", *args.split()]
-    done = subprocess.run(
-        [*cmd, "--redis-server", REDIS_SERVER, "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_script("gpu/fleet_itl.py", args, out, "--redis-server", REDIS_SERVER)
 
     run = json.loads((out / "summary.json").read_text())["runs"][0]
     assert run["replicas"] == 2 and run["interactive_completed"] > 5

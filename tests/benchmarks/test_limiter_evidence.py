@@ -5,17 +5,13 @@ shared mode writes its results and plot."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from tests.support.procs import ROOT
+from tests.benchmarks import run_script
 
 
 def test_four_replicas_sharing_fresh_evidence_shrink_when_one_seeing_every_gap_does(tmp_path):
     args = "--trials 10 --seconds 60 --replicas 1 4 --shared 4 --full-s 0.01 1"
-    cmd = [sys.executable, "benchmarks/gpu/limiter_evidence.py", *args.split(), "--out", str(tmp_path)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_script("gpu/limiter_evidence.py", args, tmp_path)
 
     result = json.loads((tmp_path / "limiter_evidence_shared.json").read_text())
     one, alone = result["by_replicas"]["1"], result["by_replicas"]["4"]

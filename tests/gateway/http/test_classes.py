@@ -24,19 +24,28 @@ CLASSES = {
 @pytest.fixture(scope="module")
 def gateway(procs, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("classes")
+    engines = {pool: priority_engine(procs, tmp) for pool in ("fast", "slow")}
+    pools = {pool: {"engines": [e.url], "scheduling_policy": "priority"} for pool, e in engines.items()}
+    return gateway_before(procs, tmp, pools, CLASSES)
+
+
+def priority_engine(procs, tmp):
     # One sequence at a time, so whatever arrives while one runs waits in the engine's own queue.
-    engine_args = ("--max-num-seqs", "1", "--token-delay-ms", "15", "--scheduling-policy", "priority")
-    engines = {pool: start_engine(tmp, *engine_args) for pool in ("fast", "slow")}
-    procs.extend(engines.values())
-    for engine in engines.values():
-        engine.wait_ready()
+    engine = start_engine(tmp, "--max-num-seqs", "1", "--token-delay-ms", "15", "--scheduling-policy", "priority")
+    procs.append(engine)
+    engine.wait_ready()
+    return engine
+
+
+def gateway_before(procs, tmp, pools, classes=None):
     config = {
-        "pools": {pool: {"engines": [e.url], "scheduling_policy": "priority"} for pool, e in engines.items()},
-        "classes": CLASSES,
+        "pools": pools,
         # The engines order the queue here, not the gateway: every request goes to its engine at once.
         "admission": {"enabled": False},
         "health": {"interval_s": 0.2, "timeout_s": 0.5},
     }
+    if classes is not None:
+        config["classes"] = classes
     proc = start_gateway(tmp, config)
     procs.append(proc)
     proc.wait_ready("/ready")
@@ -107,18 +116,7 @@ def fcfs_gateway(procs, tmp_path_factory):
     """A pool the gateway schedules first come, first served, in front of an engine that would honour a
     ``priority`` (an operator's engine flags need not match the gateway's view of its pool)."""
     tmp = tmp_path_factory.mktemp("fcfs")
-    engine = start_engine(tmp, "--max-num-seqs", "1", "--token-delay-ms", "15", "--scheduling-policy", "priority")
-    procs.append(engine)
-    engine.wait_ready()
-    config = {
-        "pools": {"interactive": {"engines": [engine.url]}},
-        "admission": {"enabled": False},
-        "health": {"interval_s": 0.2, "timeout_s": 0.5},
-    }
-    proc = start_gateway(tmp, config)
-    procs.append(proc)
-    proc.wait_ready("/ready")
-    return proc
+    return gateway_before(procs, tmp, {"interactive": {"engines": [priority_engine(procs, tmp).url]}})
 
 
 async def plain_then_jumping(url: str) -> list[str]:
