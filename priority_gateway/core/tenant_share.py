@@ -35,10 +35,11 @@ import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from priority_gateway.core.sharing import PUBLISHER_BYTES  # one replica id on both kinds of batch
+
 MAGIC = 0x54
 """First byte of a tenant batch (routing batches begin with their small format number)."""
 FORMAT = 1
-PUBLISHER_BYTES = 16
 MAX_ENTRIES = 65_535
 MAX_NAME_BYTES = 1024
 
