@@ -959,11 +959,15 @@ class Dispatcher:
         """The dispatched request ended (``ok``: the engine answered); idempotent.
 
         ``generated``: the tokens it generated and ``prompt`` its prompt's tokens, as the engine counted
-        them (unknown: the estimate): its tenant's charge is settled to that real cost. Without
+        them (unknown: the estimate): its tenant's charge is settled to that real cost, generated
+        tokens at most ``max_tokens`` (a broken engine's count must not starve the tenant). Without
         ``generated`` the predicted cost stands."""
         if not dispatch.done:
             if generated is not None:
-                self._settle(dispatch, (dispatch.request.prompt_tokens if prompt is None else prompt) + generated)
+                req = dispatch.request
+                if req.max_tokens is not None:
+                    generated = min(generated, req.max_tokens)
+                self._settle(dispatch, (req.prompt_tokens if prompt is None else prompt) + generated)
             self._release(dispatch, ok)
             if ok and self.admission.enabled:
                 pool = self.pools[dispatch.engine.pool]

@@ -202,3 +202,20 @@ def test_a_retried_attempt_is_not_charged_twice():
     assert running.request is b1
     (again,) = [o for o in d.finish(running, 2.0) if isinstance(o, Dispatch)]
     assert again.request.tenant == "a"
+
+
+def test_an_engine_reporting_more_tokens_than_max_tokens_allows_charges_no_more_than_max_tokens():
+    d = make()
+    busy = d.submit(req("b"), 0.0).answer
+    first = req("a")
+    assert isinstance(d.submit(first, 0.0).answer, Queued)
+    for _ in range(8):
+        d.submit(req("b"), 0.0)
+    d.submit(req("a"), 0.0)
+    (started,) = [o for o in d.finish(busy, 1.0) if isinstance(o, Dispatch)]
+    assert started.request is first
+    # A broken engine's usage says 10**12 tokens for a request of max_tokens 100: charged that, "a"
+    # would wait behind every request "b" will ever queue.
+    (running,) = [o for o in d.finish(started, 2.0, generated=10**12) if isinstance(o, Dispatch)]
+    order = [running.request.tenant, *serve(d, running, 8)]
+    assert "a" in order[:3], order
