@@ -24,9 +24,10 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-# /var/lib/gateway: state the gateway keeps across restarts (keys.admin_file); owned by the
-# gateway user, so a volume mounted there starts writable by it.
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    GATEWAY__DATA_DIR=/var/lib/gateway
+# /var/lib/gateway: state the gateway keeps across restarts (store: sqlite's file, keys.admin_file);
+# owned by the gateway user, so a volume mounted there starts writable by it.
 RUN groupadd --system --gid 10001 gateway \
     && useradd --system --uid 10001 --gid gateway --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin gateway \

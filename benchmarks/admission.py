@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from priority_gateway.bench import envelope
 from priority_gateway.simulate.cli import add_arguments
 from priority_gateway.simulate.cli import run as run_sim
 
@@ -150,17 +151,18 @@ def main() -> None:
     parser.add_argument("--skip-sweep", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/admission"))
     args = parser.parse_args()
+    provenance = envelope.start()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     results = {"flood": flood(args.minutes)}
     if not args.skip_sweep:
         results["sweep"] = sweep(args.sweep_minutes)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.json").write_text(json.dumps(provenance.wrap(results), indent=2))
     summary = {"flood": results["flood"]["checks"], "wall_s": round(time.monotonic() - started, 1)}
     if "sweep" in results:
         summary["sweep"] = {k: results["sweep"][k] for k in ("table", "goodput_vs_shared_fcfs_at_4x", "passes")}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "summary.json").write_text(json.dumps(provenance.wrap(summary), indent=2))
     print(json.dumps(summary, indent=2))
     plot(results, out / "admission.png")
 

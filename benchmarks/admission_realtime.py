@@ -22,7 +22,7 @@ from pathlib import Path
 
 import orjson
 
-from priority_gateway.bench import loadgen, stats
+from priority_gateway.bench import envelope, loadgen, stats
 from priority_gateway.bench.workload import load_arrivals
 from priority_gateway.loopback import start_engine, start_gateway
 from priority_gateway.simulate.cli import add_arguments
@@ -132,6 +132,7 @@ def main() -> None:
     parser.add_argument("--flood", type=int, default=320, help="batch requests kept outstanding")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/admission_realtime"))
     args = parser.parse_args()
+    provenance = envelope.start()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -191,7 +192,7 @@ def main() -> None:
         "live": live_result,
         "virtual": twin,
     }
-    (out / "results.json").write_text(json.dumps(report, indent=2))
+    (out / "results.json").write_text(json.dumps(provenance.wrap(report), indent=2))
     print(json.dumps(comparison, indent=2))
 
 

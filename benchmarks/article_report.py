@@ -12,7 +12,8 @@ Sections, run in this order (pool separation last):
 - ``pools``: ``gateway sim`` on 10 minutes of the Azure conversation trace, interactive and batch
   in their own pools (admission on, and off) against one shared FCFS pool without admission.
 
-Raw results go to ``benchmarks/results/article_report/``, figures to ``docs/figures/``, and the
+Raw results go to ``benchmarks/results/article_report/`` (``provenance.json``: the envelope of the run that
+made each section's, ``priority_gateway/bench/envelope.py``), figures to ``docs/figures/``, and the
 tables with the exact commands into ``docs/report.md`` between ``<!-- begin:NAME -->`` and
 ``<!-- end:NAME -->``. Progress is one JSON line per event on stdout.
 
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from priority_gateway.bench import envelope
 from priority_gateway.cli import main as gateway_main
 from priority_gateway.engines.sim.profile import load_profile
 from priority_gateway.engines.sim.sweep import run_level
@@ -44,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RAW = ROOT / "benchmarks" / "results" / "article_report"
 FIGURES = ROOT / "docs" / "figures"
 REPORT = ROOT / "docs" / "report.md"
+PROVENANCE = "provenance.json"
 TTFT_MS, ITL_MS = 500.0, 50.0
 LEVELS = (1, 2, 4, 8, 16, 32)
 PRECISIONS = ("gemma4-bf16", "gemma4-fp8", "gemma4-nvfp4")
@@ -145,16 +148,24 @@ def summary() -> dict[str, str]:
     return {"summary": table(["section", "claim", "article", "here"], rows)}
 
 
-def fill_report(blocks: dict[str, str]) -> None:
-    if not REPORT.exists():
-        return
-    text = REPORT.read_text()
+def fill_blocks(text: str, blocks: dict[str, str]) -> tuple[str, list[str]]:
+    """``text`` with each block's body between its markers; and the names whose markers it lacks."""
+    missing = []
     for name, body in blocks.items():
         pattern = re.compile(rf"(<!-- begin:{name} -->\n).*?(<!-- end:{name} -->)", re.S)
         if not pattern.search(text):
-            log(event="missing_block", block=name)
+            missing.append(name)
             continue
         text = pattern.sub(lambda m, body=body: m.group(1) + body.rstrip() + "\n" + m.group(2), text)
+    return text, missing
+
+
+def fill_report(blocks: dict[str, str]) -> None:
+    if not REPORT.exists():
+        return
+    text, missing = fill_blocks(REPORT.read_text(), blocks)
+    for name in missing:
+        log(event="missing_block", block=name)
     REPORT.write_text(text)
 
 
@@ -534,9 +545,10 @@ def run_realtime(out: Path, levels: tuple[int, ...]) -> dict[str, str]:
         engine.wait_ready()
         gateway.start().wait_ready("/ready")
         started = time.monotonic()
-        log(event="start", run="realtime", command=shlex.join(bench_cmd), load_avg=os.getloadavg())
+        log(event="start", run="realtime", command=shlex.join(bench_cmd), load_avg=envelope.load_average())
         subprocess.run([*python, "-m", "priority_gateway", *bench_cmd[1:]], cwd=ROOT, check=True)
-        log(event="done", run="realtime", seconds=round(time.monotonic() - started, 1), load_avg=os.getloadavg())
+        seconds = round(time.monotonic() - started, 1)
+        log(event="done", run="realtime", seconds=seconds, load_avg=envelope.load_average())
     finally:
         gateway.stop()
         engine.stop()
@@ -546,11 +558,10 @@ def run_realtime(out: Path, levels: tuple[int, ...]) -> dict[str, str]:
 
 
 def code_version() -> str:
-    """The commit the runs were made on, and whether gateway/ had uncommitted changes."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    dirty = subprocess.run(["git", "status", "--porcelain", "gateway"], capture_output=True, text=True, cwd=ROOT)
-    version = f"commit {commit.stdout.strip() or 'unknown'}"
-    return version + (" with uncommitted changes in gateway/" if dirty.stdout.strip() else "")
+    """The commit the runs were made on, and whether its code had uncommitted changes (``envelope``)."""
+    commit, dirty = envelope.code_commit()
+    version = f"commit {commit[:7] if commit else 'unknown'}"
+    return version + (" with uncommitted changes" if dirty else "")
 
 
 POOL_SETUPS = (
@@ -662,13 +673,18 @@ def main() -> None:
     RAW.mkdir(parents=True, exist_ok=True)
     FIGURES.mkdir(parents=True, exist_ok=True)
     runner = Runner(run=not args.replot)
+    provenance = envelope.start()
     started = time.monotonic()
     for name in [s.strip() for s in args.only.split(",") if s.strip()]:
         if name not in SECTIONS:
             raise SystemExit(f"unknown section {name!r}; known: {', '.join(SECTIONS)}")
         section_started = time.monotonic()
         fill_report(SECTIONS[name](runner))
-        log(event="section_done", section=name, seconds=round(time.monotonic() - section_started, 1))
+        seconds = round(time.monotonic() - section_started, 1)
+        if runner.run:  # each section's raw results, and the run that made them last
+            record = json.loads((RAW / PROVENANCE).read_text()) if (RAW / PROVENANCE).exists() else {}
+            save(PROVENANCE, {**record, name: provenance.wrap({"seconds": seconds})})
+        log(event="section_done", section=name, seconds=seconds)
     fill_report(summary())
     log(event="done", seconds=round(time.monotonic() - started, 1), figures=rel(FIGURES), raw=rel(RAW))
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import orjson
 
+from priority_gateway.bench import envelope
 from priority_gateway.loopback import Proc, free_port
 from priority_gateway.upstream.h1 import EngineClient
 
@@ -109,6 +110,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/client_cost"))
     args = parser.parse_args()
+    provenance = envelope.start()
     two_cores = (os.cpu_count() or 1) > 1
     if two_cores:
         os.sched_setaffinity(0, {0})
@@ -161,12 +163,9 @@ def main() -> None:
         for case, m in medians.items()
     }
     report = {
-        "command": " ".join(["python", "benchmarks/client_cost.py", *sys.argv[1:]]),
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "concurrency": args.concurrency,
         "duration_s": args.duration,
         "rounds": args.rounds,
-        "cpus": os.cpu_count(),
         "httpx_version": httpx.__version__,
         "medians": medians,
         "summary": summary,
@@ -174,7 +173,7 @@ def main() -> None:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(report, indent=2))
+    (out / "results.json").write_text(json.dumps(provenance.wrap(report), indent=2))
     print(json.dumps({"medians": medians, "summary": summary}, indent=2))
     plot(medians, out / "client_cost.png")
 

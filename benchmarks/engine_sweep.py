@@ -12,7 +12,8 @@ Then the prefix-caching comparison on ``gemma4-nvfp4``: 8192-token prompts shari
 4352 tokens, 64 output tokens, concurrency 16, caching on and off.
 
 Writes ``benchmarks/results/engine_sweep/``: ``sweep.json`` (profile -> level -> metrics),
-``prefix_caching.json``, ``findings.json`` (the article's claims next to what the sweep gives)
+``prefix_caching.json``, ``findings.json`` (the article's claims next to what the sweep gives, in the
+results' envelope: ``priority_gateway/bench/envelope.py``)
 and ``sweep.png``. Run: ``python benchmarks/engine_sweep.py [--out DIR] [--profiles a,b]``.
 """
 
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from priority_gateway.bench import envelope
 from priority_gateway.engines.sim.profile import available_profiles, load_profile
 from priority_gateway.engines.sim.sweep import DEFAULT_LEVELS, run_level, run_sweep
 
@@ -175,6 +177,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "engine_sweep")
     parser.add_argument("--profiles", default=None, help="comma-separated (default: every profile but instant)")
     args = parser.parse_args()
+    provenance = envelope.start()
     profiles = args.profiles.split(",") if args.profiles else [p for p in available_profiles() if p != "instant"]
     args.out.mkdir(parents=True, exist_ok=True)
     sweep = sweep_all(profiles)
@@ -182,7 +185,7 @@ def main() -> None:
     found = findings(sweep, prefix)
     (args.out / "sweep.json").write_text(json.dumps(sweep, indent=1) + "\n")
     (args.out / "prefix_caching.json").write_text(json.dumps(prefix, indent=1) + "\n")
-    (args.out / "findings.json").write_text(json.dumps(found, indent=1) + "\n")
+    (args.out / "findings.json").write_text(json.dumps(provenance.wrap(found), indent=1) + "\n")
     plot(sweep, prefix, args.out / "sweep.png")
     log(event="done", out=str(args.out), **{k: v for k, v in found.items() if k != "article"})
 

@@ -47,6 +47,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from priority_gateway.bench import envelope
 from priority_gateway.core.classes import BATCH, INTERACTIVE, Budget
 from priority_gateway.core.dispatcher import AdmissionSettings
 from priority_gateway.core.limiter import LimitSettings
@@ -408,17 +409,15 @@ def main() -> None:
     parser.add_argument("--replicas", default="", help="also through these numbers of replicas, e.g. 2,4")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/fairness"))
     args = parser.parse_args()
+    provenance = envelope.start()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     replicas = tuple(int(n) for n in args.replicas.split(",") if n)
-    summary: dict[str, Any] = {
-        "command": " ".join(["python", "benchmarks/fairness.py", *sys.argv[1:]]),
-        **virtual(args.minutes, args.max_num_batched_tokens, replicas),
-    }
+    summary: dict[str, Any] = virtual(args.minutes, args.max_num_batched_tokens, replicas)
     others = [int(n) for n in args.also_max_num_batched_tokens.split(",") if n]
     if others:
         summary["other_budgets"] = {str(chunk): virtual(args.minutes, chunk) for chunk in others}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "summary.json").write_text(json.dumps(provenance.wrap(summary), indent=2) + "\n")
     plot(summary, out / "fairness.png")
     for mode in ("fair", "unfair"):
         v = summary[mode]

@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import json
 import secrets
-import sys
 import tempfile
 import time
 import zlib
@@ -66,7 +65,7 @@ from live_stack import (
     wait_engines_idle,
 )
 
-from priority_gateway.bench import loadgen, stats
+from priority_gateway.bench import envelope, loadgen, stats
 from priority_gateway.bench.loadgen import Sample
 from priority_gateway.bench.workload import load_arrivals
 from priority_gateway.engines.sim.sweep import percentile
@@ -261,6 +260,7 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if m]
     if not modes or set(modes) - {"fair", "unfair"}:
         parser.error("--modes: fair, unfair or fair,unfair")
+    provenance = envelope.start()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -305,7 +305,6 @@ def main() -> None:
         finally:
             engines.stop()
     summary: dict[str, Any] = {
-        "command": " ".join(["python", "benchmarks/fairness_realtime.py", *sys.argv[1:]]),
         "mode": "real time" + (f", {args.replicas} replicas" if args.replicas > 1 else ""),
         "profile": engines.model if args.engines else args.profile,
         "max_num_batched_tokens": None if args.engines else args.max_num_batched_tokens,
@@ -322,7 +321,7 @@ def main() -> None:
         **compare(by_mode, c * (INPUT + OUTPUT)),
         "wall_s": round(time.monotonic() - started, 1),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "summary.json").write_text(json.dumps(provenance.wrap(summary), indent=2) + "\n")
     if len(modes) == 2:
         plot(summary, out / "fairness_realtime.png")
     headline = ("jain_index", "well_behaved_kept_min", "noisy_alone_share_of_capacity")

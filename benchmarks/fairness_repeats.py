@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 from fairness import TENANTS, plot
+
+from priority_gateway.bench import envelope
 
 TENANT_FIELDS = ("slo_attainment", "slo_attainment_without_noisy", "kept", "share", "refused_share_noisy_run")
 MODE_FIELDS = ("jain_index", "well_behaved_kept_min", "noisy_alone_share_of_capacity")
@@ -70,6 +71,7 @@ def medians(repeats: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     out["repeats"] = [
         {
             "out": name,
+            "commit": r["summary"].get("commit"),
             "capacity_rps": r["summary"]["capacity_rps"],
             **{
                 mode: {
@@ -90,14 +92,12 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="fairness_realtime.py --out directories")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    provenance = envelope.start()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = {
-        "command": " ".join(["python", "benchmarks/fairness_repeats.py", *sys.argv[1:]]),
-        **medians([(run, load(Path(run))) for run in args.runs]),
-    }
+    summary = medians([(run, load(Path(run))) for run in args.runs])
     summary["mode"] = f"{summary['mode']}, median of {len(args.runs)} runs"
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "summary.json").write_text(json.dumps(provenance.wrap(summary), indent=2) + "\n")
     if "fair" in summary and "unfair" in summary:
         plot(summary, out / "fairness_realtime.png")
     headline = {m: {f: summary[m][f] for f in MODE_FIELDS} for m in ("fair", "unfair") if m in summary}

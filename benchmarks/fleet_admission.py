@@ -32,6 +32,8 @@ from pathlib import Path
 # The same scenario as benchmarks/admission.py's flood (run as a script, this directory is on the path).
 from admission import PROFILES, SLO_RATE, sim
 
+from priority_gateway.bench import envelope
+
 TTFT_BUDGET_MS, ITL_BUDGET_MS = 500.0, 50.0
 
 
@@ -112,18 +114,18 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0, help="scenario length (virtual minutes)")
     parser.add_argument("--out", default="benchmarks/results/fleet_admission")
     args = parser.parse_args()
+    provenance = envelope.start()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     results = runs(args.minutes)
     summary = {
-        "command": "python " + " ".join(sys.argv),
         "interactive_rate_rps": results["interactive_rate_rps"],
         "share_down_s": results["share_down_s"],
         **checks(results),
         "wall_s": round(time.monotonic() - started, 1),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "summary.json").write_text(json.dumps(provenance.wrap(summary), indent=2))
     (out / "runs.json").write_text(json.dumps(results, indent=1, default=str))
     print(json.dumps(summary, indent=2))
     plot(summary, out / "fleet_admission.png")

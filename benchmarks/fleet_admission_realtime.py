@@ -4,7 +4,7 @@ under a batch flood, the clients spread round robin over the replicas.
 Real processes on loopback (``benchmarks/live_stack.py``): an interactive pool of ``gemma4-nvfp4``
 and a batch pool of ``gemma4-nvfp4-mtp4`` simulated engines (``--scheduling-policy priority``) in
 real time, or external engines (``--engines``, e.g. real vLLM on a GPU host); the replicas share
-one ``redis-server`` (``store: redis``, ``prefix.share`` on). Interactive requests arrive as a
+one ``redis-server`` (``store: redis``, ``fleet`` on). Interactive requests arrive as a
 Poisson stream (streamed, timed by the client from its chunks); a batch flood keeps ``--flood``
 non-streamed batch requests outstanding, more than the batch pool takes, so the gateways also
 backfill the interactive pool. Runs, repeated ``--repeats`` times in turn so that the machine's
@@ -36,7 +36,6 @@ import os
 import re
 import secrets
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -55,7 +54,7 @@ from live_stack import (
     wait_engines_idle,
 )
 
-from priority_gateway.bench import loadgen, stats
+from priority_gateway.bench import envelope, loadgen, stats
 from priority_gateway.bench.loadgen import Sample
 from priority_gateway.bench.workload import SyntheticWorkload, load_arrivals
 from priority_gateway.loopback import RedisServer
@@ -366,7 +365,9 @@ def scenario(args: argparse.Namespace, engines: Engines) -> dict[str, Any]:
     }
 
 
-def run_all(args: argparse.Namespace, setups: list[str], out: Path, command: str) -> tuple[dict[str, Any], list]:
+def run_all(
+    args: argparse.Namespace, setups: list[str], out: Path, provenance: envelope.Envelope
+) -> tuple[dict[str, Any], list]:
     """Every run, in turn; after each, ``runs.json`` and ``summary.json`` hold what is done so far
     (an interrupted invocation leaves a summary that ``--from-runs`` can merge with another's)."""
     runs: list[dict[str, Any]] = []
@@ -394,13 +395,12 @@ def run_all(args: argparse.Namespace, setups: list[str], out: Path, command: str
                         f"{f['machine_busy_share']:.0%}"
                     )
                     summary = {
-                        "command": command,
                         "scenario": scenario(args, engines),
                         **summarize(runs, args.budget_ms),
                         "wall_s": round(time.monotonic() - started, 1),
                     }
                     (out / "runs.json").write_text(json.dumps(runs, separators=(",", ":")) + "\n")
-                    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+                    (out / "summary.json").write_text(json.dumps(provenance.wrap(summary), indent=2) + "\n")
         finally:
             engines.stop()
     return summary, runs
@@ -451,22 +451,22 @@ def main() -> None:
     setups = [s for s in args.setups.split(",") if s]
     if unknown := set(setups) - set(SETUPS):
         parser.error(f"--setups: unknown {sorted(unknown)}")
+    provenance = envelope.start()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python", "benchmarks/fleet_admission_realtime.py", *sys.argv[1:]])
     if args.from_runs:
         earlier = [json.loads((Path(d) / "summary.json").read_text()) for d in args.from_runs]
         runs = [run for d in args.from_runs for run in json.loads((Path(d) / "runs.json").read_text())]
         summary = {
-            "command": command,
             "commands": [e["command"] for e in earlier],
+            "commits": [e.get("commit") for e in earlier],
             "scenario": earlier[0]["scenario"],
             **summarize(runs, tuple(earlier[0]["scenario"]["budget_ms"].values())),
             "wall_s": round(sum(e["wall_s"] for e in earlier), 1),
         }
     else:
-        summary, runs = run_all(args, setups, out, command)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        summary, runs = run_all(args, setups, out, provenance)
+    (out / "summary.json").write_text(json.dumps(provenance.wrap(summary), indent=2) + "\n")
     plot(summary, runs, out / "fleet_admission_realtime.png")
     print(json.dumps({k: summary[k] for k in ("medians", "paired_ratio_medians", "targets")}, indent=2))
 

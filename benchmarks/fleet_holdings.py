@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from priority_gateway.bench import envelope
 from priority_gateway.loopback import Proc, free_port, start_engine, start_gateway
 
 LIMIT = 4
@@ -216,6 +217,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", default="benchmarks/results/fleet_holdings")
     args = parser.parse_args()
+    provenance = envelope.start()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict[str, Any]]] = {run: [] for run in RUNS}
@@ -228,7 +230,6 @@ def main() -> None:
             results[run].append(row)
     table = summarise(results)
     summary = {
-        "command": "python " + " ".join(sys.argv),
         "limit": LIMIT,
         "rate_rps": RATE,
         "tokens": TOKENS,
@@ -236,7 +237,7 @@ def main() -> None:
         "table": table,
         "wall_s": round(time.monotonic() - started, 1),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "summary.json").write_text(json.dumps(provenance.wrap(summary), indent=2))
     (out / "runs.json").write_text(json.dumps(results, indent=1))
     print(json.dumps(summary, indent=2))
     plot(table, out / "fleet_holdings.png")

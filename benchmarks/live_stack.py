@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from priority_gateway.bench import envelope
 from priority_gateway.bench.clients import Reply
 from priority_gateway.loopback import Proc, RedisServer, start_engine, start_gateway
 from priority_gateway.upstream.h1 import EngineClient, Headers
@@ -231,7 +232,7 @@ class CpuMeter:
             "machine_busy_share": round((busy - self._machine[0]) / max(1.0, total - self._machine[1]), 3),
             "cpu_s_by_role": by_role,
             "ours_share_of_cores": round(sum(by_role.values()) / (wall * cores), 3) if wall > 0 else None,
-            "loadavg_1m_at_end": float(Path("/proc/loadavg").read_text().split()[0]),
+            "loadavg_1m_at_end": envelope.load_average()[0],
         }
 
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from priority_gateway.bench import envelope
 from priority_gateway.core.dispatcher import AdmissionSettings
 from priority_gateway.engines.sim.profile import load_profile
 from priority_gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup
@@ -132,6 +132,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/lora"))
     args = parser.parse_args()
+    provenance = envelope.start()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     by_rate = {}
@@ -140,14 +141,13 @@ def main() -> None:
         progress(f"rate {rate:g}/s: {len(requests)} requests over {args.seconds:g} virtual s, {args.adapters} adapters")
         by_rate[f"{rate:g}"] = {name: run_one(name, requests, args) for name in ROUTERS}
     report = {
-        "command": "python benchmarks/lora.py " + shlex.join(sys.argv[1:]),
         "setup": {k: v for k, v in vars(args).items() if k != "out"} | {"max_loras": 4},
         "results": by_rate,
         "ratios_vs_adapter_aware": {rate: _ratios(results) for rate, results in by_rate.items()},
     }
-    (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "results.json").write_text(json.dumps(provenance.wrap(report), indent=2) + "\n")
     print(json.dumps(report["ratios_vs_adapter_aware"]))
-    plot(by_rate, out / "lora.png", report["command"])
+    plot(by_rate, out / "lora.png", provenance.command)
 
 
 def _ratios(results: dict) -> dict:

@@ -47,10 +47,11 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 import priority_gateway.simulate.cli as sim_cli
+from priority_gateway.bench import envelope
 from priority_gateway.core import prefix_policy
 from priority_gateway.core.dispatcher import Dispatch, Dispatcher
+from priority_gateway.core.fleet import Fleet, FleetDecisions, FleetSettings
 from priority_gateway.core.routing import Choice
-from priority_gateway.core.sharing import Batch, decode, encode
 from priority_gateway.loopback import Proc, free_port, start_engine, start_gateway
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,7 +165,7 @@ def matrix(minutes: float | None, path: Path, only: set[str] | None = None) -> d
 # -- options ----------------------------------------------------------------------------------------
 
 
-def _conversation_key_choice(self: Any, req: Any, candidates: Any, now: float) -> Choice | None:
+def _conversation_key_choice(self: Any, req: Any, candidates: Any, now: float) -> Choice | None:  # noqa: ARG001  # replaces Policy.choose
     """Routing keys every replica computes alike: rendezvous hashing of the 40th block (the first
     64-character blocks past the trace's shared 512-token opening, so one key per conversation; a
     deployment would not know where its shared prefix ends, so this is the best case), taking the
@@ -184,11 +185,16 @@ def _conversation_key_choice(self: Any, req: Any, candidates: Any, now: float) -
     return None
 
 
-def _inflight_only(self: Dispatcher, engines: set[str]) -> None:
+def _no_load(self: Fleet, engines: set[str], now: float, out: FleetDecisions, leaders: bool = True) -> None:
+    """A variant: the others' reports change no engine's load (admission is off in these runs)."""
+
+
+def _inflight_only(self: Fleet, engines: set[str], now: float, out: FleetDecisions, leaders: bool = True) -> None:  # noqa: ARG001  # replaces a Fleet method
+    """A variant: the others' requests in flight count in an engine's load, their pending prefill not."""
     for engine_id in engines:
-        engine = self._engines.get(engine_id)
+        engine = self.local.engine_states.get(engine_id)
         if engine is not None:
-            engine.peer_inflight = self.peers.inflight(engine_id)
+            engine.peer_inflight = self.table.peer_inflight(engine_id)
 
 
 @contextlib.contextmanager
@@ -220,19 +226,17 @@ VARIANTS: dict[str, tuple[str, list[str], Callable[[], contextlib.AbstractContex
     "blocks_only": (
         "share the index's facts (blocks), not the load",
         [],
-        lambda: mock.patch.object(Dispatcher, "_peer_load_changed", lambda self, engines: None),
+        lambda: mock.patch.object(Fleet, "_refresh_peers", _no_load),
     ),
     "blocks_fast_scrapes": (
         "share the blocks, not the load; every replica scrapes every engine every 0.5 s instead of 2 s",
         [],
-        lambda: _stack(
-            mock.patch.object(Dispatcher, "_peer_load_changed", lambda self, engines: None), _scrape_every(0.5)
-        ),
+        lambda: _stack(mock.patch.object(Fleet, "_refresh_peers", _no_load), _scrape_every(0.5)),
     ),
     "blocks_inflight": (
         "share the blocks and each replica's requests in flight, not its pending prefill",
         [],
-        lambda: mock.patch.object(Dispatcher, "_peer_load_changed", _inflight_only),
+        lambda: mock.patch.object(Fleet, "_refresh_peers", _inflight_only),
     ),
     "shared": ("share the blocks, requests in flight and pending prefill (the product)", [], None),
     "precise": ("precise mode (the engines' KV events), sharing load", ["--policy-option", "precise=true"], None),
@@ -352,7 +356,7 @@ def realtime(minutes: float) -> dict[str, Any]:
                     "pools": {"interactive": {"engines": [e.url for e in engines]}},
                     "admission": {"enabled": False},
                     "store": store.url,
-                    "prefix": {"share": {"enabled": share}},
+                    "fleet": {"enabled": share},
                     "log_level": "warning",
                 }
                 gateways = [start_gateway(tmp, config) for _ in range(2)]
@@ -423,29 +427,35 @@ def _core_cost() -> dict[str, float]:
 
     trace = load_trace(Path(MOONCAKE), "interactive", minutes=5)
     engines = [f"http://10.0.0.{i}:8000" for i in range(8)]
-    sender = Dispatcher([PoolSpec("interactive", engines, policy="prefix")])
-    receiver = Dispatcher([PoolSpec("interactive", engines, policy="prefix")])
-    sender.share_learning()
+    sender = Dispatcher(
+        [PoolSpec("interactive", engines, policy="prefix")], fleet=FleetSettings(b"p" * 16, settled=True)
+    )
+    receiver = Dispatcher(
+        [PoolSpec("interactive", engines, policy="prefix")], fleet=FleetSettings(b"q" * 16, settled=True)
+    )
     batches = []
+    encoded = 0.0
     for i, tr in enumerate(trace):
         prefix = hash_blocks(tr.text(), chain_seed("sim-model"))
         req = RouteRequest(f"r{i}", "interactive", "sim-model", 0.0, tr.input_len, prefix=prefix)
         out = sender.submit(req, 0.0).answer
         assert isinstance(out, Dispatch)
         sender.finish(out, 0.0)
-        batches.append(Batch(b"p" * 16, i + 1, 0.0, 64, sender.take_learned()))
-    started = time.perf_counter()
-    raw = [encode(b) for b in batches]
-    encoded = time.perf_counter() - started
+        started = time.perf_counter()
+        data = sender.fleet.outgoing(0.0).send
+        encoded += time.perf_counter() - started
+        assert data is not None
+        batches.append(data)
+    raw = batches
     started = time.perf_counter()
     for data in raw:
-        receiver.learn(decode(data), 0.0)
+        receiver.fleet.receive(data, 0.0)
     applied = time.perf_counter() - started
     n = len(batches)
     return {
         "facts": n,
         "bytes_per_fact": round(sum(len(r) for r in raw) / n, 1),
-        "encode_us": round(encoded / n * 1e6, 1),
+        "encode_us": round(encoded / n * 1e6, 1),  # what to tell, and its bytes
         "decode_and_apply_us": round(applied / n * 1e6, 1),
     }
 
@@ -547,6 +557,7 @@ def main() -> None:
     parser.add_argument("--realtime-minutes", type=float, default=5.0)
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/replicas"))
     args = parser.parse_args()
+    provenance = envelope.start()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -566,18 +577,18 @@ def main() -> None:
                 results[part] = options(args.option_minutes, rates, counts)
             else:
                 results[part] = realtime(args.realtime_minutes)
-            command = "python benchmarks/replicas.py " + " ".join(sys.argv[1:])
             wall_s = round(time.monotonic() - part_started, 1)
             if part == "matrix" and args.only is not None and "command" in results[part]:
-                results[part].setdefault("added", []).append({"command": command, "wall_s": wall_s})
+                # Cells added to an earlier matrix: the file keeps its envelope, each addition its own.
+                results[part].setdefault("added", []).append({**provenance.fields(), "wall_s": wall_s})
             else:
-                results[part]["command"], results[part]["wall_s"] = command, wall_s
+                results[part] = provenance.wrap({**results[part], "wall_s": wall_s})
             path.write_text(json.dumps(results[part], indent=2))
         elif path.exists():
             results[part] = json.loads(path.read_text())  # the summary and plot cover the committed parts too
     summary = summarize(results)
     summary["wall_s"] = round(time.monotonic() - started, 1)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "summary.json").write_text(json.dumps(provenance.wrap(summary), indent=2))
     print(json.dumps(summary, indent=2))
     plot(results, out / "replicas.png")
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 
+from priority_gateway.bench import envelope
 from priority_gateway.loopback import Proc, free_port, start_engine, start_gateway
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,6 +124,7 @@ def main() -> None:
     )
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/router_comparison"))
     args = parser.parse_args()
+    provenance = envelope.start()
     if not Path(args.router_bin).exists():
         sys.exit("vllm-router not found: pip install vllm-router (or pass --router-bin)")
     out = Path(args.out)
@@ -146,7 +148,7 @@ def main() -> None:
         "runs": results,
         "wall_s": round(time.monotonic() - started, 1),
     }
-    (out / "results.json").write_text(json.dumps(report, indent=2))
+    (out / "results.json").write_text(json.dumps(provenance.wrap(report), indent=2))
     print(json.dumps(summary, indent=2))
     plot(summary, out / "router_comparison.png")
 

@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from priority_gateway.bench import envelope
 from priority_gateway.simulate.cli import add_arguments
 from priority_gateway.simulate.cli import run as run_sim
 
@@ -49,6 +50,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=None, help="replay only the first M minutes of Mooncake")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/routing"))
     args = parser.parse_args()
+    provenance = envelope.start()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     common = ["--engines", "8", "--profile", "h200-32b-fp8", "--admission", "off"]
@@ -76,10 +78,10 @@ def main() -> None:
         results[name] = sim([*workload, *common, "--policy", POLICIES])
         precise = ["--policy", "prefix", "--policy-option", "precise=true", "--no-oracle"]
         results[name]["prefix_precise"] = sim([*workload, *common, *precise])["prefix"]
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.json").write_text(json.dumps(provenance.wrap(results), indent=2))
     summary = summarize(results)
     summary["wall_s"] = round(time.monotonic() - started, 1)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "summary.json").write_text(json.dumps(provenance.wrap(summary), indent=2))
     print(json.dumps(summary, indent=2))
     plot(results, out / "routing.png")
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import json
 import os
 import platform
@@ -49,6 +48,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from priority_gateway.bench import envelope
 from priority_gateway.engines.vllm.serve import Engine, EngineSpec, start
 
 RESULTS = Path(__file__).resolve().parent / "results" / "vllm_calibration"
@@ -732,9 +732,10 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    provenance = envelope.start()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.refit is not None:
-        raw = json.loads(args.refit.read_text())
+        raw = json.loads(args.refit.read_text())  # the measurement's envelope, not the refit's
     else:
         os.sched_setaffinity(0, {args.client_core})
         spec = EngineSpec(port=args.port, core=args.engine_core)
@@ -745,21 +746,21 @@ def main() -> None:
             runs = [asyncio.run(measure(engine, args, run)) for run in range(args.runs)]
         finally:
             engine.stop()
-        raw = {
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "command": " ".join(["python", *sys.argv]),
-            "machine": machine(),
-            "engine": {
-                "vllm": runs[0]["vllm"],
-                "argv": spec.argv()[3:],
-                "pinned_core": args.engine_core,
-                "client_core": args.client_core,
-                "block_size": spec.block_size,
-                "kv_cache_bytes": spec.kv_cache_bytes,
-            },
-            **combine_runs(runs),
-            "runs": runs,
-        }
+        raw = provenance.wrap(
+            {
+                "machine": machine(),
+                "engine": {
+                    "vllm": runs[0]["vllm"],
+                    "argv": spec.argv()[3:],
+                    "pinned_core": args.engine_core,
+                    "client_core": args.client_core,
+                    "block_size": spec.block_size,
+                    "kv_cache_bytes": spec.kv_cache_bytes,
+                },
+                **combine_runs(runs),
+                "runs": runs,
+            }
+        )
     raw["fit"] = fit_report(raw)
     raw["simulated_closed_loop"] = simulated_closed_loop(raw)
     (args.out / "calibration.json").write_text(json.dumps(raw, indent=2) + "\n")

@@ -6,8 +6,13 @@ Rules:
 - Routing has already weighed where the adapter is (the prefix policy prefers an engine that lists
   it); this only makes sure the chosen engine has it before the request is sent.
 - One load per engine and adapter at a time: requests that arrive meanwhile wait for that load.
-- An engine keeps at most ``max_loaded_adapters`` of the pool's adapters; loading one more first
-  unloads the least recently used one with no request of this replica in flight there.
+- An engine keeps at most ``max_loaded_adapters`` of the pool's adapters, whichever replica loaded
+  them: those it lists, those this replica loaded, and those another replica has requests in flight
+  for there (``fleet``: it may be loading one this instant). Loading one more first unloads the least
+  recently used one that no request runs on, on any replica (this one's in flight, the others' as
+  they report them, the engine's own running and waiting at its last scrape); when every one of them
+  serves a request somewhere, the load waits for one to end, at most ``LOAD_TIMEOUT_S``, then the
+  request is refused with 503 ``adapter_slots_busy``.
 - vLLM answers 400 for an adapter already loaded (another replica loaded it): that counts as loaded.
   Any other failure is the request's 502, with the engine's answer in the log.
 """
@@ -33,6 +38,7 @@ if TYPE_CHECKING:
 
 _JSON = ((b"content-type", b"application/json"),)
 LOAD_TIMEOUT_S = 60.0
+BUSY_POLL_S = 0.05
 
 
 class AdapterLoader:
@@ -41,9 +47,12 @@ class AdapterLoader:
         pools: Mapping[str, PoolConfig],
         engine: Callable[[str], EngineState | None],
         clients: EngineClients,
+        elsewhere: Callable[[str], set[str]] = lambda _: set(),
     ) -> None:
         self.engine = engine
         self.clients = clients
+        self.elsewhere = elsewhere
+        """The adapters the other replicas' requests on an engine run on (``Fleet.adapters_in_flight``)."""
         self.paths = {name: dict(pool.lora_adapters) for name, pool in pools.items()}
         self.limits = {name: pool.max_loaded_adapters for name, pool in pools.items()}
         self._loaded: dict[str, OrderedDict[str, None]] = {}
@@ -72,13 +81,19 @@ class AdapterLoader:
 
     async def _load(self, engine_id: str, pool: str, adapter: str) -> None:
         loaded = self._loaded.setdefault(engine_id, OrderedDict())
+        waited = 0.0
+        while len(present := self._present(engine_id, pool)) >= self.limits[pool] and adapter not in present:
+            idle = [name for name in present if name not in self._busy(engine_id)]
+            if idle:
+                await self._unload(engine_id, idle[0])
+                loaded.pop(idle[0], None)
+                continue
+            if waited >= LOAD_TIMEOUT_S:
+                message = f"every adapter slot of the engine serves requests; adapter '{adapter}' cannot be loaded now"
+                raise ApiError(503, message, "adapter_slots_busy", retry_after_s=1.0)
+            await asyncio.sleep(BUSY_POLL_S)
+            waited += BUSY_POLL_S
         engine = self.engine(engine_id)
-        while len(loaded) >= self.limits[pool]:
-            idle = [name for name in loaded if engine is None or name not in engine.adapters.inflight]
-            if not idle:
-                break
-            await self._unload(engine_id, idle[0])
-            loaded.pop(idle[0], None)
         body = orjson.dumps({"lora_name": adapter, "lora_path": self.paths[pool][adapter]})
         status, answer = await self._post(engine_id, b"/v1/load_lora_adapter", body)
         if status not in (200, 400):
@@ -92,6 +107,20 @@ class AdapterLoader:
             engine.models = (engine.models or frozenset()) | {adapter}
         log.info("lora_loaded", engine=engine_id, adapter=adapter, loaded=len(loaded))
 
+    def _present(self, engine_id: str, pool: str) -> list[str]:
+        """The pool's adapters the engine holds or is about to, least recently used here first."""
+        ours = self.paths[pool]
+        engine = self.engine(engine_id)
+        listed = engine.models if engine is not None and engine.models is not None else frozenset()
+        held = [*self._loaded.get(engine_id, ()), *sorted(listed), *sorted(self.elsewhere(engine_id))]
+        return list(dict.fromkeys(name for name in held if name in ours))
+
+    def _busy(self, engine_id: str) -> set[str]:
+        """Adapters some request runs on, here or on another replica, or the engine runs or queues."""
+        engine = self.engine(engine_id)
+        here = set(engine.adapters.inflight) | engine.adapters.active if engine is not None else set()
+        return here | self.elsewhere(engine_id)
+
     async def _unload(self, engine_id: str, adapter: str) -> None:
         status, answer = await self._post(engine_id, b"/v1/unload_lora_adapter", orjson.dumps({"lora_name": adapter}))
         if status != 200:
@@ -104,7 +133,8 @@ class AdapterLoader:
     async def _post(self, engine_id: str, path: bytes, body: bytes) -> tuple[int, str]:
         try:
             client = self.clients.client(engine_id)
-            response = await asyncio.wait_for(client.request(b"POST", path, _JSON, body), LOAD_TIMEOUT_S)
+            async with asyncio.timeout(LOAD_TIMEOUT_S):  # not wait_for, which can lose a cancellation
+                response = await client.request(b"POST", path, _JSON, body)
             try:
                 return response.status, (await response.read()).decode(errors="replace")
             finally:

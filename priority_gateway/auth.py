@@ -33,12 +33,3 @@ class Authenticator(Protocol):
     def required(self) -> bool: ...
 
     async def authenticate(self, authorization: bytes | None) -> Principal: ...
-
-
-class OpenAccess:
-    """No keys configured: nobody is asked for one."""
-
-    required = False
-
-    async def authenticate(self, authorization: bytes | None) -> Principal:
-        return ANONYMOUS

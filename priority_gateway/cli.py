@@ -1,36 +1,78 @@
-"""``gateway``: serve, simulate, benchmark and manage keys."""
+"""gateway: serve, simulate, benchmark and manage keys."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
+import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 from priority_gateway import log
-from priority_gateway.config import Config, ConfigError
-from priority_gateway.config.env import PREFIX
-from priority_gateway.config.sections import LogLevel
 
-SERVE_EPILOG = f"""\
+if TYPE_CHECKING:
+    import asyncio
+
+SERVE_EPILOG = """\
 Every configuration key, with its type, default and meaning: docs/configuration.md, or
-`gateway config reference`. Environment variables override single keys:
-{PREFIX}<SECTION>__<KEY>=value, e.g. {PREFIX}STORE=redis://localhost:6379/0 or
-{PREFIX}POOLS__BATCH__POLICY=least_loaded. Options override both.
+gateway config reference. Environment variables override single keys:
+{prefix}<SECTION>__<KEY>=value, e.g. {prefix}STORE=redis://localhost:6379/0 or
+{prefix}POOLS__BATCH__POLICY=least_loaded. Options override both.
 """
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default, unless the help already says it (or there is none to
+    say: a flag, a required option)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or action.required
+            or not action.option_strings
+            or default is None
+            or default is False
+            or default == []
+            or default == argparse.SUPPRESS
+            or isinstance(action, argparse._HelpAction | argparse._VersionAction)
+        ):
+            return text
+        if isinstance(default, bool):  # --x/--no-x
+            default = f"--{action.dest.replace('_', '-')}" if default else f"--no-{action.dest.replace('_', '-')}"
+        return f"{text} (default: {default})" if text else f"default: {default}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    # Ctrl-C stops every command from here on, also one started with SIGINT ignored (a script's
+    # `gateway serve &`): uvicorn takes SIGINT once it serves whatever was inherited, so a Ctrl-C
+    # ignored while the modules load would leave running a gateway someone asked to stop.
+    with contextlib.suppress(ValueError):  # not the main thread: it cannot set handlers, nor needs to
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C before a command has its own handling (while modules load): a stop, not a crash.
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    # Imported here, not at the top: a Ctrl-C while they load is then the quiet stop above.
+    from priority_gateway.config import Config, ConfigError
+    from priority_gateway.config.env import PREFIX
+    from priority_gateway.config.sections import LogLevel
+
     parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     defaults = Config()
     serve = sub.add_parser(
         "serve",
         help="run the gateway (no --config: embedded simulated engines)",
-        epilog=SERVE_EPILOG,
+        epilog=SERVE_EPILOG.format(prefix=PREFIX),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     serve.add_argument(
@@ -44,13 +86,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     serve.set_defaults(func=_serve)
 
-    sim = sub.add_parser("sim", help="experiments on simulated engines in virtual time")
+    sim = sub.add_parser("sim", help="experiments on simulated engines in virtual time", formatter_class=HelpFormatter)
     from priority_gateway.simulate.cli import add_arguments as add_sim_arguments
 
     add_sim_arguments(sim)
     sim.set_defaults(func=_sim)
 
-    bench = sub.add_parser("bench", help="load-test an OpenAI-compatible endpoint and write a report")
+    bench = sub.add_parser(
+        "bench", help="load-test an OpenAI-compatible endpoint and write a report", formatter_class=HelpFormatter
+    )
     from priority_gateway.bench.cli import add_arguments as add_bench_arguments
 
     add_bench_arguments(bench)
@@ -69,6 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     config.set_defaults(func=_config)
 
     args, rest = parser.parse_known_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0 if not rest else 2
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
@@ -77,6 +124,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # One line a person can act on; a traceback would bury it.
         print(f"gateway {args.command}: {exc}", file=sys.stderr)
         return 2
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("priority-gateway")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -88,10 +144,20 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from priority_gateway.serve import serve
+    import asyncio
 
-    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        runner.run(serve(args.config, args.host, args.port, args.log_level))
+    from priority_gateway.serve import ListenError, serve
+
+    try:
+        # A signal before uvicorn runs cancels the start (CancelledError); SIGINT after, KeyboardInterrupt.
+        with (
+            contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError),
+            asyncio.Runner(loop_factory=event_loop_factory()) as runner,
+        ):
+            runner.run(serve(args.config, args.host, args.port, args.log_level))
+    except ListenError as exc:
+        log.error("listen_failed", reason=str(exc))
+        return 1
     return 0
 
 

@@ -131,8 +131,10 @@ def start_gateway(
     port: int | None = None,
     cwd: Path | None = None,
 ) -> Proc:
-    """``gateway serve`` with ``config`` (written to ``tmp``) on a free loopback port."""
+    """``gateway serve`` with ``config`` (written to ``tmp``) on a free loopback port; without a
+    ``data_dir`` in ``config``, the SQLite store's file is one of its own in ``tmp``."""
     port = port or free_port()
+    config = {"data_dir": str(tmp / f"gateway-{port}-data"), **config}
     path = tmp / f"gateway-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
     cmd = [sys.executable, "-m", "priority_gateway", "serve", "--config", str(path), "--port", str(port)]
@@ -181,10 +183,6 @@ class RedisServer:
         if self.proc is not None:
             self.proc.kill(signal.SIGKILL)
             self.proc.stop()
-
-    def restart(self) -> RedisServer:
-        self.kill()
-        return self.start()
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -18,13 +18,31 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0,
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 TOKEN_BUCKETS = (0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 SHARE_DELAY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
 
 
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        r = self.registry
+        self._add_request_metrics(self.registry)
+        self._add_fleet_metrics(self.registry)
+        self.queued_bytes = Gauge(
+            "gateway_queued_body_bytes",
+            "Bytes of request bodies waiting in a pool's queue.",
+            ("pool",),
+            registry=self.registry,
+        )
+        self.loop_lag = Histogram(
+            "gateway_event_loop_lag_seconds",
+            "How late the event loop ran the dispatcher's poll timer (every 50 ms): how long other work held "
+            "the loop, which every request waiting on it waits too.",
+            buckets=LAG_BUCKETS,
+            registry=self.registry,
+        )
+
+    def _add_request_metrics(self, r: CollectorRegistry) -> None:
+        """What became of requests: answers, latencies, routing and admission decisions, batch lines."""
         self.requests = Counter(
             "gateway_requests",
             "Requests answered, by class, pool and HTTP status.",
@@ -79,9 +97,12 @@ class GatewayMetrics:
             "gateway_batch_requests", "Batch job lines finished, by outcome.", ("status",), registry=r
         )
         self.batches = Gauge("gateway_batches", "Batch jobs by status.", ("status",), registry=r)
+
+    def _add_fleet_metrics(self, r: CollectorRegistry) -> None:
+        """The replicas' routing channel: whether it is up, who is heard, what crosses it and how late."""
         self.share_up = Gauge(
             "gateway_routing_share_up",
-            "1 while this replica hears the other replicas' routing (prefix.share over Redis), else 0.",
+            "1 while this replica hears the other replicas' routing (the fleet channel over Redis), else 0.",
             registry=r,
         )
         self.safe_share = Gauge(
@@ -118,9 +139,6 @@ class GatewayMetrics:
             buckets=SHARE_DELAY_BUCKETS,
             registry=r,
         )
-        self.queued_bytes = Gauge(
-            "gateway_queued_body_bytes", "Bytes of request bodies waiting in a pool's queue.", ("pool",), registry=r
-        )
 
     def watch_state(self, state: StateSource) -> None:
         """Export engine and queue state read at scrape time, so the hot path pays nothing for it."""
@@ -133,6 +151,23 @@ class GatewayMetrics:
     def forget(metric: MetricWrapperBase, *labels: str) -> None:
         with contextlib.suppress(KeyError):
             metric.remove(*labels)
+
+
+def observe_times(histogram: Any, value: float, times: int) -> None:
+    """``times`` observations of ``value`` in a histogram (a labelled child) at the cost of one: the
+    events of a stream that one read delivered together."""
+    buckets = getattr(histogram, "_buckets", None)
+    bounds = getattr(histogram, "_upper_bounds", None)
+    total = getattr(histogram, "_sum", None)
+    if times == 1 or buckets is None or bounds is None or total is None:
+        for _ in range(times):
+            histogram.observe(value)
+        return
+    total.inc(value * times)
+    for bucket, bound in zip(buckets, bounds, strict=True):
+        if value <= bound:
+            bucket.inc(times)
+            return
 
 
 class StateSource(Protocol):
@@ -152,6 +187,23 @@ class _StateCollector(Collector):
         self.state = state
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._admission_state()
+        depth = GaugeMetricFamily("gateway_queue_depth", "Requests waiting in the gateway.", labels=("pool", "class"))
+        for (pool, cls), n in self.state.queue_depths().items():
+            depth.add_metric((pool, cls), n)
+        yield depth
+        ratio = GaugeMetricFamily(
+            "gateway_prefix_hit_ratio_estimate",
+            "Predicted share of prompt tokens served from engines' prefix caches.",
+            labels=("pool",),
+        )
+        for pool, value in self.state.prefix_hit_estimates().items():
+            ratio.add_metric((pool,), value)
+        yield ratio
+        yield from self._engine_state()
+
+    def _admission_state(self) -> tuple[Metric, ...]:
+        """What admission knows of each engine: in flight, healthy, its limit and the slots held of it."""
         inflight = GaugeMetricFamily("gateway_inflight", "Requests in flight to an engine.", labels=("pool", "engine"))
         healthy = GaugeMetricFamily(
             "gateway_engine_healthy", "1 while the engine passes health checks.", labels=("pool", "engine")
@@ -177,9 +229,10 @@ class _StateCollector(Collector):
                 limit.add_metric((engine.pool, engine.id), limits[engine.id])
             if engine.id in holdings:
                 held.add_metric((engine.pool, engine.id), holdings[engine.id])
-        depth = GaugeMetricFamily("gateway_queue_depth", "Requests waiting in the gateway.", labels=("pool", "class"))
-        for (pool, cls), n in self.state.queue_depths().items():
-            depth.add_metric((pool, cls), n)
+        return inflight, healthy, limit, held
+
+    def _engine_state(self) -> tuple[Metric, ...]:
+        """What each engine reported at its last scrape, and what routing counts on it."""
         kv = GaugeMetricFamily(
             "gateway_engine_kv_cache_usage",
             "The engine's own vllm:kv_cache_usage_perc at the last scrape (0-1).",
@@ -197,8 +250,15 @@ class _StateCollector(Collector):
         )
         peers = GaugeMetricFamily(
             "gateway_engine_peer_inflight",
-            "Requests the other replicas last reported in flight to the engine (prefix.share).",
+            "Requests the other replicas last reported in flight to the engine (the fleet channel).",
             labels=("pool", "engine"),
+        )
+        sessions = GaugeMetricFamily(
+            "gateway_engine_session_kv_held_tokens",
+            "Tokens of KV cache paused agent sessions hold on the engine, by whose sessions (this replica's,"
+            " the other replicas' as they last reported): what routing counts as taken, up to the engine's free"
+            " KV cache.",
+            labels=("pool", "engine", "replica"),
         )
         lora = GaugeMetricFamily(
             "gateway_engine_lora_adapters",
@@ -217,11 +277,6 @@ class _StateCollector(Collector):
                 requests.add_metric((*labels, "waiting"), engine.waiting)
             pending.add_metric(labels, engine.pending_prefill)
             peers.add_metric(labels, engine.peer_inflight)
-        ratio = GaugeMetricFamily(
-            "gateway_prefix_hit_ratio_estimate",
-            "Predicted share of prompt tokens served from engines' prefix caches.",
-            labels=("pool",),
-        )
-        for pool, value in self.state.prefix_hit_estimates().items():
-            ratio.add_metric((pool,), value)
-        yield from (inflight, healthy, limit, held, depth, ratio, kv, requests, pending, peers, lora)
+            sessions.add_metric((*labels, "own"), engine.held_kv)
+            sessions.add_metric((*labels, "others"), engine.peer_held_kv)
+        return kv, requests, pending, peers, sessions, lora

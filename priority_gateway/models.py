@@ -96,7 +96,7 @@ class Catalog:
             adapter = name
         return Resolved(public, name, adapter, cache_key(root, adapter))
 
-    def unknown_message(self, model: str, shown: str) -> str:
+    def unknown_message(self, shown: str) -> str:
         names = sorted(self.known())
         listed = ", ".join(names[:LISTED_IN_ERROR])
         more = f" and {len(names) - LISTED_IN_ERROR} more (GET /v1/models)" if len(names) > LISTED_IN_ERROR else ""

@@ -9,6 +9,8 @@ Rules:
   prompt given as ids, else ``prefix.block_chars`` characters of the text as rendered. The chain
   is seeded with the base model and the LoRA adapter (``Catalog.resolve``); precise mode seeds
   with the adapter's name, as the engines' KV events carry it.
+- The request's agent session is recognised here, from the headers the request path collected and
+  the body's fields (``priority_gateway.sessions``): the core sees only its bounded key.
 - Request ids here are the gateway's own: a client's ``x-request-id`` is echoed, but need not be unique.
 """
 
@@ -33,6 +35,7 @@ from priority_gateway.core.request import RouteRequest
 from priority_gateway.errors import ApiError
 from priority_gateway.http.body import echo, max_tokens_of
 from priority_gateway.models import Catalog, Resolved
+from priority_gateway.sessions import SessionRecognition
 from priority_gateway.tokenizers import PromptTokenizer, prompt_token_ids
 
 
@@ -52,12 +55,14 @@ class Placement:
         precise: Mapping[str, PrecisePrompts],
         block_chars: int,
         block_tokens: int,
+        sessions: SessionRecognition | None = None,
     ) -> None:
         self.home = home
         self.catalog = catalog
         self.precise = precise
         self.block_chars = block_chars
         self.block_tokens = block_tokens
+        self.sessions = sessions or SessionRecognition()
         self._ids = (f"r{n}" for n in itertools.count())
 
     def route_request(
@@ -66,7 +71,7 @@ class Placement:
         hashes_prompt: bool,
         cls: str,
         budget: Budget,
-        session: str | None,
+        session_headers: Mapping[bytes, bytes] | None,
         arrival: float,
     ) -> RouteRequest:
         resolved = self._model(parsed)
@@ -76,7 +81,7 @@ class Placement:
             resolved.served,
             arrival,
             budget=budget,
-            session=session,
+            session=self.sessions.key(session_headers, parsed),
             restartable=parsed.get("stream") is not True,
             adapter=resolved.adapter,
             alias=resolved.public if resolved.public != resolved.served else None,
@@ -120,5 +125,5 @@ class Placement:
         if not isinstance(model, str):
             raise ApiError(400, "'model' must be a string", "invalid_value", "model")
         if known and model not in known:
-            raise ApiError(404, catalog.unknown_message(model, echo(model)), "model_not_found", "model")
+            raise ApiError(404, catalog.unknown_message(echo(model)), "model_not_found", "model")
         return catalog.resolve(model)

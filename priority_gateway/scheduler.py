@@ -78,17 +78,13 @@ class Scheduler:
     def stopped(self, req: RouteRequest) -> None:
         self._running.pop(req.id, None)
 
-    def observe_ttft(self, dispatch: Dispatch, seconds: float, now: float) -> None:
-        self.dispatcher.observe_ttft(dispatch, seconds, now)
+    def observe_ttft(self, dispatch: Dispatch, seconds: float) -> None:
+        self.dispatcher.observe_ttft(dispatch, seconds)
 
-    def observe_itl(self, dispatch: Dispatch, seconds: float, now: float) -> None:
-        self.dispatcher.observe_itl(dispatch, seconds, now)
+    def observe_itl(self, dispatch: Dispatch, seconds: float, now: float, times: int = 1) -> None:
+        self.dispatcher.observe_itl(dispatch, seconds, now, times)
 
     # -- the poll loop ---------------------------------------------------------------------
-
-    def admit_granted(self) -> None:
-        """Other replicas granted this one slots: start what they let start."""
-        self._apply(self.dispatcher.admit_granted(time.monotonic()))
 
     def poll(self) -> None:
         decided = self.dispatcher.poll(time.monotonic())
@@ -102,6 +98,10 @@ class Scheduler:
                 fut.cancel()
 
     # -- carrying decisions out ------------------------------------------------------------
+
+    def carry_out(self, decided: Decisions) -> None:
+        """What another part of the core decided (the fleet: slots granted start queued requests)."""
+        self._apply(decided)
 
     def _apply(self, decided: Decisions) -> None:
         for outcome in decided.others:

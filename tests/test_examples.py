@@ -27,7 +27,8 @@ def config_check(path: Path) -> subprocess.CompletedProcess[str]:
 def test_the_sample_config_passes_the_check() -> None:
     done = config_check(CONFIG)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"{CONFIG}: ok; pools: interactive (1), batch (1)"
+    assert done.stdout.splitlines()[0] == f"{CONFIG}: ok; pools: interactive (1), batch (1)"
+    assert "  store: sqlite://" in done.stdout and done.stderr == "", "the sample keeps its state and warns of nothing"
 
 
 def test_the_check_is_real(tmp_path: Path) -> None:

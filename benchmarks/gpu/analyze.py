@@ -49,6 +49,7 @@ import fit_mixed  # noqa: E402
 import numpy as np  # noqa: E402
 import vllm_calibration as vc  # noqa: E402
 
+from priority_gateway.bench import envelope  # noqa: E402
 from priority_gateway.core.classes import INTERACTIVE, Budget  # noqa: E402
 from priority_gateway.engines.sim.profile import Profile, load_profile  # noqa: E402
 from priority_gateway.engines.sim.sweep import run_level  # noqa: E402
@@ -569,23 +570,24 @@ def main() -> None:
     )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/gpu")
     args = p.parse_args()
+    provenance = envelope.start()
     if args.sim_only:
         route = json.loads((args.out / "routing.json").read_text())
         calib = json.loads((args.out / "calibration.json").read_text())
     elif args.res:
-        route, calib = summarize(args.res, args.out)
+        route, calib = summarize(args.res, args.out, provenance)
     else:
         p.error("give --res (once per sitting) or --sim-only")
     if args.mixed is not None:
-        mixed_steps(args.mixed, args.out)
+        mixed_steps(args.mixed, args.out, provenance)
     profiles = {"isolated": load_profile(str(ISOLATED)), "mixed": load_profile(PROFILE)}
     sim = sim_vs_real(closed_loops(calib, args.mixed), route, profiles)
-    (args.out / "sim_vs_real.json").write_text(json.dumps(sim, indent=1) + "\n")
+    (args.out / "sim_vs_real.json").write_text(json.dumps(provenance.wrap(sim), indent=1) + "\n")
     plot_sim(sim, args.out / "sim_vs_real.png")
     print(f"wrote {args.out / 'sim_vs_real'}.json", file=sys.stderr)
 
 
-def mixed_steps(res: Path, out: Path) -> None:
+def mixed_steps(res: Path, out: Path, provenance: envelope.Envelope) -> None:
     """The mixed sitting: its raw data, the fit of the profile's step terms to it, and a plot."""
     folder = res / "calibration"
     mixed = json.loads((folder / "mixed.json").read_text())
@@ -597,7 +599,7 @@ def mixed_steps(res: Path, out: Path) -> None:
     if single is not None:
         shutil.copy(folder / "calibration.json", raw / "calibration-alone.json")
     record = {"engine": (res / "engines" / "engine1.cmd").read_text().strip(), "fit": fitted}
-    (out / "mixed_steps.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / "mixed_steps.json").write_text(json.dumps(provenance.wrap(record), indent=1) + "\n")
     fit_mixed.plot(mixed, fitted, out / "mixed_steps.png")
     print(f"wrote {out / 'mixed_steps'}.json", file=sys.stderr)
 
@@ -621,16 +623,17 @@ def slim_metrics(mixed: dict) -> dict:
     return out
 
 
-def summarize(sittings: list[Path], out: Path) -> tuple[dict, dict]:
-    """Routing, admission, relay and calibration of the sittings; returns routing and calibration."""
+def summarize(sittings: list[Path], out: Path, provenance: envelope.Envelope) -> tuple[dict, dict]:
+    """Routing, admission, relay and calibration of the sittings; returns routing and calibration (whose
+    envelope is the device's measurement's, ``calibrate.py``'s)."""
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     route = routing(sittings, raw)
-    (out / "routing.json").write_text(json.dumps(route, indent=1) + "\n")
+    (out / "routing.json").write_text(json.dumps(provenance.wrap(route), indent=1) + "\n")
     plot_routing(route, out / "routing.png")
     first = sittings[0]  # admission and calibration ran in the first sitting
     adm = admission(first, raw)
-    (out / "admission.json").write_text(json.dumps(adm, indent=1) + "\n")
+    (out / "admission.json").write_text(json.dumps(provenance.wrap(adm), indent=1) + "\n")
     plot_admission(adm, out / "admission.png")
     relays: dict[str, Any] = {"one_engine": {}}
     for sitting, res in enumerate(sittings, 1):
@@ -638,7 +641,7 @@ def summarize(sittings: list[Path], out: Path) -> tuple[dict, dict]:
             relays["one_engine"][f"sitting {sitting}"] = one
         if more := relay_engines(res, raw):
             relays["engines_4"] = {"sitting": sitting, **more}
-    (out / "relay.json").write_text(json.dumps(relays, indent=1) + "\n")
+    (out / "relay.json").write_text(json.dumps(provenance.wrap(relays), indent=1) + "\n")
     calib = calibration(first)
     (out / "calibration.json").write_text(json.dumps(calib, indent=1) + "\n")
     vc.plot(calib, calib["fit"], out / "calibration.png")

@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import vllm_calibration as vc
 
+from priority_gateway.bench import envelope
+
 FULL = {
     "ttft_lengths": [128, 512, 1024, 2048, 4096, 8192, 16384, 32768],
     # 64 sequences of 4096 tokens (266k) outgrow the engine's 225k-token cache; the first run at 64
@@ -287,14 +289,13 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a few points only (a dry run on simulated engines)")
     p.add_argument("--phases", choices=("single", "mixed"), default="single")
     args = p.parse_args()
+    provenance = envelope.start()
     vc.MODEL = args.model  # the served model name the phases ask for
     if args.phases == "mixed":
         raw = asyncio.run(measure_mixed(args.url, MIXED_QUICK if args.quick else MIXED))
     else:
         raw = asyncio.run(measure(args.url, QUICK if args.quick else FULL))
-    raw["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    raw["command"] = " ".join(["python3", *sys.argv])
-    args.out.write_text(json.dumps(raw, indent=1) + "\n")
+    args.out.write_text(json.dumps(provenance.wrap(raw), indent=1) + "\n")
 
 
 if __name__ == "__main__":

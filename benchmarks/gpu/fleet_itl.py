@@ -58,7 +58,7 @@ from live_stack import (
     wait_engines_idle,
 )
 
-from priority_gateway.bench import loadgen, stats
+from priority_gateway.bench import envelope, loadgen, stats
 from priority_gateway.bench.loadgen import Sample
 from priority_gateway.bench.workload import SyntheticWorkload, load_arrivals
 from priority_gateway.core.models import engine_tag
@@ -66,6 +66,7 @@ from priority_gateway.core.models import engine_tag
 SETUPS = ("one", "fleet")
 HELD_KEYS = ("max_held_after_warmup", "limit_max", "series")
 GAP_MS = 100.0  # the ITL budget: a gap over it is what the tail is made of
+RELAY_LAG_S = 0.5  # the longest a token may take from the engine's step to the client's read
 ENGINE_SERIES = (
     "vllm:inter_token_latency_seconds_bucket",
     "vllm:iteration_tokens_total_bucket",
@@ -159,8 +160,11 @@ async def loop_lag(origin: float, lags: list[tuple[float, float]], tick_s: float
             lags.append((round(before - origin, 3), round(late * 1000.0, 1)))
 
 
-async def drive(urls: list[str], model: str, engines: dict[str, str], args: argparse.Namespace, seed: int) -> dict:
-    """The interactive stream and the flood through ``urls``; every request's timeline."""
+async def drive(
+    urls: list[str], model: str, engines: dict[str, str], args: argparse.Namespace, seed: int, origin: float
+) -> dict:
+    """The interactive stream and the flood through ``urls``; every request's timeline, in seconds
+    since ``origin`` (the scraper's clock too, so a chunk and a scrape compare directly)."""
     tag = secrets.token_hex(4)
     minutes = args.seconds / 60.0
     arrivals = load_arrivals(
@@ -171,7 +175,6 @@ async def drive(urls: list[str], model: str, engines: dict[str, str], args: argp
     interactive = RoundRobin(urls, read_timeout=600)
     batch = RoundRobin(urls, read_timeout=3600)
     loop = asyncio.get_running_loop()
-    origin = loadgen.now()
     workload = SyntheticWorkload(args.input, args.output, seed=seed, tag=f"{tag}/batch")
     flood = TracedFlood(batch, model, workload)
     lags: list[tuple[float, float]] = []
@@ -298,7 +301,11 @@ def _scraper_main(
     hz = os.sysconf("SC_CLK_TCK")
     while not conn.poll():
         t = time.monotonic() - origin
-        engines = {url: _scrape(url, engine_series) for url in urls}
+        engines, engines_at = {}, {}
+        for url in urls:  # scraped one after another: each engine's reading has its own moment
+            asked = time.monotonic() - origin
+            engines[url] = _scrape(url, engine_series)
+            engines_at[url] = (round(asked, 4), round(time.monotonic() - origin, 4))
         replicas = [_scrape(url, gateway_itl) for url in gateways]
         procs, cores = host_sample()
         took = by_role(roles, last_procs, procs)
@@ -308,11 +315,12 @@ def _scraper_main(
             {
                 "t": round(t, 3),
                 "engines": engines,
+                "engines_at": engines_at,
                 "gateway_itl": replicas,
                 "busy_cores": round(sum(shares), 2),
                 "cores_over_90pct": sum(s > 0.9 for s in shares),
                 "cpu_cores_by_role": {r: round(j / hz / span, 2) for r, j in took.items()},
-                "loadavg_1m": float(Path("/proc/loadavg").read_text().split()[0]),
+                "loadavg_1m": envelope.load_average()[0],
             }
         )
         last_procs, last_cores = procs, cores
@@ -342,6 +350,20 @@ class Scraper:
 # --- one run ---------------------------------------------------------------------------------------
 
 
+def pool_options(items: Sequence[str]) -> list[tuple[str, str, Any]]:
+    """``POOL.KEY=VALUE`` settings for the gateways' pools, each value read as YAML."""
+    import yaml
+
+    out = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        pool, dot, key = name.partition(".")
+        if not sep or not dot or not pool or not key:
+            raise SystemExit(f"--pool-option: expected POOL.KEY=VALUE, got {item!r}")
+        out.append((pool, key, yaml.safe_load(value)))
+    return out
+
+
 def one_run(setup: str, rep: int, engines: Any, args: argparse.Namespace, tmp: Path, out: Path) -> dict[str, Any]:
     replicas_n = 1 if setup == "one" else args.replicas
     gateway_args = argparse.Namespace(budget_ms=args.budget_ms, batch_scheduling=args.batch_scheduling)
@@ -353,6 +375,8 @@ def one_run(setup: str, rep: int, engines: Any, args: argparse.Namespace, tmp: P
         config = gateway_config(engines, redis.url, gateway_args)
         if args.pin_limit is not None:  # no learning: every engine's limit is this, in every replica
             config["admission"] = {f"{k}_limit": args.pin_limit for k in ("initial", "min", "max")}
+        for pool, key, value in pool_options(args.pool_option):
+            config["pools"][pool][key] = value
         replicas = start_replicas(tmp, config, replicas_n)
         urls = [r.url for r in replicas]
         sampler = Sampler(engines.pool_of, urls, args.sample_ms / 1000.0, args.warmup_s)
@@ -364,7 +388,7 @@ def one_run(setup: str, rep: int, engines: Any, args: argparse.Namespace, tmp: P
         }
         origin_mono, origin = time.monotonic(), loadgen.now()
         scraper = Scraper(all_urls, urls, roles, origin_mono, args.scrape_s)
-        result = asyncio.run(drive(urls, engines.model, tags, args, seed=args.seed + rep))
+        result = asyncio.run(drive(urls, engines.model, tags, args, seed=args.seed + rep, origin=origin))
         result["clock_skew_s"] = round((loadgen.now() - origin) - (time.monotonic() - origin_mono), 4)
         ticks = scraper.stop()
         sampled = sampler.stop()
@@ -381,6 +405,7 @@ def one_run(setup: str, rep: int, engines: Any, args: argparse.Namespace, tmp: P
         "replica_urls": urls,
         "pools": engines.pool_of,
         "pin_limit": args.pin_limit,
+        "pool_options": args.pool_option,
         "warmup_s": args.warmup_s,
         **result,
         "held": {
@@ -400,6 +425,13 @@ def _hist_delta(before: dict[str, float] | None, after: dict[str, float] | None)
     if not before or not after:
         return {}
     return {le: after[le] - before.get(le, 0.0) for le in after}
+
+
+def _scraped_at(tick: dict, url: str) -> tuple[float, float]:
+    """When the scraper asked ``url`` for its metrics in ``tick`` and when the answer came (the
+    tick's start for both in results written before each engine's scrape was timed)."""
+    at = (tick.get("engines_at") or {}).get(url)
+    return (at[0], at[1]) if at else (tick["t"], tick["t"])
 
 
 def _engine_delta(first: dict | None, last: dict | None, url: str, name: str) -> dict[str, float]:
@@ -444,19 +476,26 @@ def analyse(run: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
     per_engine: dict[str, Any] = {}
     gaps_over: list[dict[str, Any]] = []
     for url, pool in sorted(pools.items()):
-        client = [
+        # The engine observes a token's ITL when it emits it; the client reads it up to a relay lag
+        # later. So the engine's count over its two scrapes lies between the client's gaps that
+        # surely fall inside (read after the first scrape ended plus the lag, before the last began)
+        # and those that may (read after the first began, before the last ended plus the lag).
+        (s0, s1), (e0, e1) = (_scraped_at(first, url), _scraped_at(last, url)) if first and last else ((0, 0), (0, 0))
+        ends = [
             (c[i], (c[i] - c[i - 1]) * 1000.0, tl)
             for tl in timelines
             if tl["engine"] == url
             for c in [tl["chunks"]]
             for i in range(1, len(c))
-            if first is not None and first["t"] <= c[i - 1] and c[i] <= last["t"]
         ]
+        client = [(t, g, tl) for t, g, tl in ends if first is not None and (s0 + s1) / 2 < t <= (e0 + e1) / 2]
         itl = _engine_delta(first, last, url, "vllm:inter_token_latency_seconds")
         steps = _engine_delta(first, last, url, "vllm:iteration_tokens_total")
         per_engine[url] = {
             "pool": pool,
             "client_gaps": len(client),
+            "client_gaps_surely_in": sum(s1 + RELAY_LAG_S < t <= e0 for t, _, _ in ends),
+            "client_gaps_maybe_in": sum(s0 < t <= e1 + RELAY_LAG_S for t, _, _ in ends),
             "client_gaps_over_100ms": sum(g > GAP_MS for _, g, _ in client),
             "client_gaps_over_100ms_interactive": sum(
                 g > GAP_MS and tl["class"] == "interactive" for _, g, tl in client
@@ -571,9 +610,10 @@ def interactive_load(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def overview(folders: list[Path], out: Path) -> dict[str, Any]:
+def overview(folders: list[Path], out: Path, provenance: envelope.Envelope) -> dict[str, Any]:
     """Every run of several sittings side by side: the interactive tail against what the interactive
     engines held; ``overview.json`` and ``overview.png`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
     rows = []
     for folder in folders:
         summary = json.loads((folder / "summary.json").read_text())
@@ -592,7 +632,7 @@ def overview(folders: list[Path], out: Path) -> dict[str, Any]:
                 r["gateway_saw_over_100ms_interactive_on_interactive"] or 0 for r in replicas
             )
             rows.append(row)
-    result = {"runs": rows}
+    result = provenance.wrap({"runs": rows})
     (out / "overview.json").write_text(json.dumps(result, indent=1) + "\n")
     try:
         plot_overview(rows, out / "overview.png")
@@ -727,7 +767,7 @@ def plot(analyses: list[dict[str, Any]], datas: list[dict[str, Any]], path: Path
     fig.savefig(path, dpi=70)
 
 
-def write_summary(out: Path, runs: list[dict[str, Any]], command: str) -> dict[str, Any]:
+def write_summary(out: Path, runs: list[dict[str, Any]], provenance: envelope.Envelope) -> dict[str, Any]:
     datas = []
     analyses = []
     for run in runs:
@@ -735,7 +775,7 @@ def write_summary(out: Path, runs: list[dict[str, Any]], command: str) -> dict[s
             data = json.load(f)
         datas.append(data)
         analyses.append(analyse(run, data))
-    summary = {"command": command, **summarize(analyses), "runs": analyses}
+    summary = provenance.wrap({**summarize(analyses), "runs": analyses})
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     try:
         plot(analyses, datas, out / "fleet_itl.png")
@@ -768,17 +808,24 @@ def main() -> None:
     p.add_argument("--batch-profile", default="gemma4-nvfp4-mtp4")
     p.add_argument("--setups", default=",".join(SETUPS), help="which runs, of " + ",".join(SETUPS))
     p.add_argument("--pin-limit", type=float, default=None, help="every engine's concurrency limit fixed at this")
+    p.add_argument(
+        "--pool-option",
+        action="append",
+        default=[],
+        metavar="POOL.KEY=VALUE",
+        help="a pool setting of the gateways (VALUE read as YAML): batch.shares_hardware_with=interactive",
+    )
     p.add_argument("--overview", nargs="+", metavar="DIR", help="run nothing: the runs of these folders side by side")
     p.add_argument("--analyze", metavar="DIR", help="run nothing: the summary and plot again from DIR")
     p.add_argument("--out", default="benchmarks/results/gpu/fleet/itl")
     args = p.parse_args()
-    command = " ".join(["python", "benchmarks/gpu/fleet_itl.py", *sys.argv[1:]])
+    provenance = envelope.start()
     if args.overview:
-        overview([Path(d) for d in args.overview], Path(args.out))
+        overview([Path(d) for d in args.overview], Path(args.out), provenance)
         return
     if args.analyze:
         out = Path(args.analyze)
-        summary = write_summary(out, json.loads((out / "runs.json").read_text()), command)
+        summary = write_summary(out, json.loads((out / "runs.json").read_text()), provenance)
         print(json.dumps({k: summary[k] for k in ("medians", "interactive_engines_gaps_over_100ms")}, indent=1))
         return
     out = Path(args.out)
@@ -805,7 +852,7 @@ def main() -> None:
                     )
         finally:
             engines.stop()
-    summary = write_summary(out, runs, command)
+    summary = write_summary(out, runs, provenance)
     print(json.dumps({k: summary[k] for k in ("medians", "interactive_engines_gaps_over_100ms")}, indent=1))
 
 

@@ -5,14 +5,20 @@ Rules:
   in the background (its own process session) and outlives the call that started it; each call
   only follows it (``wait``) and brings back one archive of everything written so far
   (``$OUT/gpu-results.tgz``). The next call picks up where the last one stopped.
-- Engines start once (``N`` vLLM engines of a 7B-shaped model with dummy weights, sharing the
-  GPUs round robin) and serve every run; between runs only the front (gateway or router)
-  restarts and every engine's prefix cache is reset (``POST /reset_prefix_cache``, which
-  ``VLLM_SERVER_DEV_MODE=1`` enables), so each run starts cold.
-- Every run writes its own folder: ``gateway bench`` results (with each request's cached tokens),
-  the engines' ``/metrics`` before and after, the front's log and the command lines.
-- The plan runs in priority order against a budget: a step that would not end in time is
-  skipped and says so (``skipped.json``), so what ran is always packed.
+- Each step names the engines it needs (a layout: one ``EngineSpec`` per engine, 7B-shaped vLLM
+  engines with dummy weights sharing the GPUs round robin). A pool's engines run that pool's profile
+  (``engines/profiles/<pool>.yaml``) with only what the device forces replaced (``engine_args.py``);
+  the earlier sittings' plans keep their bench engine (``calibration``). Engines start when a step
+  needs a layout that is not running (the old ones stopped first) and serve every step after it
+  that needs the same; between runs only the front (gateway or router) restarts and every
+  engine's prefix cache is reset (``POST /reset_prefix_cache``, which ``VLLM_SERVER_DEV_MODE=1``
+  enables), so each run starts cold.
+- Every run writes its own folder: its results (``gateway bench``'s, or the script's), the engines'
+  ``/metrics`` before and after, the front's log, the command lines, and ``engines.json``: the commit
+  and every engine's arguments as started, with the substitutions made for the device.
+- The plan runs in priority order against a budget: a step that would not end in time (counting
+  the engines it must start) is skipped and says so, as is one that cannot run here and one whose
+  engines did not start (``skipped.json``), so what ran is always packed.
 - ``--dry`` runs the same plan here on simulated engines (``priority_gateway.engines.sim``), with durations scaled
   down, to check it before device time is spent.
 """
@@ -20,8 +26,10 @@ Rules:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -35,6 +43,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import engine_args
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bundle's root: the package is not installed
+
+from priority_gateway.bench import envelope
+
 HERE = Path(__file__).resolve().parent
 PROJ = HERE.parents[1]
 WORK = Path(os.environ.get("GPU_WORK", "/tmp/gpu"))
@@ -47,6 +61,7 @@ FRONT_PORT = 8200
 DEADLINE = WORK / "deadline"
 # The trace travels with the checkout the device copies; the project copy need not carry it again.
 MOONCAKE = Path(os.environ.get("GPU_MOONCAKE", PROJ / "benchmarks/traces/mooncake/conversation_trace.jsonl"))
+TRACES = Path(os.environ.get("GPU_TRACES", PROJ / "benchmarks/traces"))
 
 # A 7B dense decoder (Qwen2.5-7B's shape: hidden 3584, 28 layers, 28 query / 4 KV heads of 128,
 # vocabulary cut to the 32k tokenizer the bundle carries), bf16, random weights (--load-format dummy).
@@ -69,13 +84,17 @@ MODEL_CONFIG = {
     "torch_dtype": "bfloat16",
     "hidden_act": "silu",
 }
-KV_CACHE_BYTES = 12 * 1024**3
-ENGINE_ARGS = [
+# The earlier sittings' bench engines (routing, calibration, mixed steps, relay, fleet; their results
+# are committed under benchmarks/results/gpu): not a pool of ours, but what those plans keep running
+# so that a rerun compares with them. The plans of the pools (budgets, fleet-itl) run the profiles'
+# own arguments (engine_args.py).
+CALIBRATION_ARGS = [
     "--load-format", "dummy", "--enforce-eager", "--dtype", "bfloat16", "--max-model-len", "131072",
-    "--gpu-memory-utilization", "0.22", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
+    "--gpu-memory-utilization", "0.22", "--kv-cache-memory-bytes", str(engine_args.KV_CACHE_BYTES),
     "--max-num-seqs", "128", "--max-num-batched-tokens", "8192", "--block-size", "16",
     "--enable-prefix-caching", "--enable-prompt-tokens-details",
 ]  # fmt: skip
+CALIBRATION = "calibration"
 DEVICE_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -142,20 +161,48 @@ def stop(proc: subprocess.Popen[bytes] | None) -> None:
 # -- the device or this machine -----------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """One engine of a layout: the pool profile it runs (or ``calibration``, the earlier sittings' bench
+    engine) and the experiment's own flags, each ``(flag, value, why)``."""
+
+    pool: str
+    experiment: tuple[tuple[str, str | None, str], ...] = ()
+    """A value None drops the profile's flag."""
+
+
+Layout = tuple[EngineSpec, ...]
+
+
 @dataclass
 class Setup:
     dry: bool
     engines: int = 4
+    """Engines of the calibration plans (full, repeat, mixed, fleet); the pool plans give layouts."""
     gpus: int = 1
     time_scale: float = 1.0
     python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
     router_cmd: list[str] = field(default_factory=list)
     sim_profile: str = "h200-32b-fp8"
+    graphs: bool = False
+    """Real engines with CUDA graphs (no ``--enforce-eager``)."""
+    rate_scale: float = 1.0
+    """Dry runs: the budgets plan's offered rates times this (the simulated engines share this machine)."""
+    layout: Layout = ()
+    """The engines running now."""
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    launches: list[dict] = field(default_factory=list)
+    """What each running engine was started with (``engine_args.EngineLaunch.record``), its URL and KV cache."""
+    state: dict = field(default_factory=dict)
+    """What a plan's steps tell later ones (the capacity measured, the best cap)."""
+    kv_cache_bytes: int = 0
+    """KV cache per engine (0: ``KV_CACHE_BYTES``); the sessions plan makes it small so sessions contend."""
 
     @property
     def urls(self) -> list[str]:
-        return [f"http://127.0.0.1:{ENGINE_PORT + i}" for i in range(self.engines)]
+        count = len(self.layout) or self.engines
+        return [f"http://127.0.0.1:{ENGINE_PORT + i}" for i in range(count)]
 
     def seconds(self, s: float) -> float:
         return max(2.0, s * self.time_scale)
@@ -206,42 +253,200 @@ def model_dir() -> Path:
     return path
 
 
-def start_engines(setup: Setup) -> list[subprocess.Popen[bytes]]:
-    procs = []
+def calibration_layout(engines: int) -> Layout:
+    return (EngineSpec(CALIBRATION),) * engines
+
+
+def engine_command(setup: Setup, spec: EngineSpec, index: int, count: int) -> tuple[list[str], dict]:
+    """The command that starts engine ``index`` of ``count``, and what it is (recorded with every result)."""
+    port = ENGINE_PORT + index
+    if spec.pool == CALIBRATION:
+        record = {"pool": CALIBRATION, "note": "the earlier sittings' bench engine (CALIBRATION_ARGS), not a pool"}
+        if setup.dry:
+            cmd = [setup.python, "-m", "priority_gateway.engines.sim", "--port", str(port), "--model", MODEL]
+            return [*cmd, "--profile", setup.sim_profile, "--enable-prompt-tokens-details"], record
+        cmd = [setup.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(WORK / "q7b")]
+        cmd += ["--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), *CALIBRATION_ARGS]
+        return cmd, {**record, "device_args": cmd[3:]}
+    experiment = {flag: (value, why) for flag, value, why in spec.experiment}
+    if setup.kv_cache_bytes:
+        why = "the sessions plan: a small KV cache per engine, so that agent sessions contend for it"
+        experiment["--kv-cache-memory-bytes"] = (str(setup.kv_cache_bytes), why)
+    launch = engine_args.device_launch(
+        spec.pool,
+        model_dir=str(WORK / "q7b"),
+        port=port,
+        engines_on_gpu=max(1, count // max(1, setup.gpus)),
+        graphs=setup.graphs,
+        experiment=experiment,
+    )
+    record = launch.record()
+    if setup.dry:
+        sim = engine_args.sim_args(launch, port, setup.sim_profile)
+        record["dry"] = {"simulator_args": sim, "note": "dry run: the simulator stands in with the device's limits"}
+        return [setup.python, "-m", "priority_gateway.engines.sim", *sim], record
+    return [setup.python, "-m", "vllm.entrypoints.openai.api_server", *launch.args], record
+
+
+ENGINES_FILE = WORK / "engines.json"
+_KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+
+
+def start_engines(setup: Setup, layout: Layout | None = None) -> None:
+    """Start ``layout`` (default: the calibration plans' engines), each with its pool's arguments."""
+    layout = layout or calibration_layout(setup.engines)
     logs = RES / "engines"
     logs.mkdir(parents=True, exist_ok=True)
-    for i, url in enumerate(setup.urls):
-        port = url.rsplit(":", 1)[1]
+    setup.layout, setup.procs, setup.launches = layout, [], []
+    began = time.monotonic()
+    if not setup.dry:
+        model_dir()
+    generation = len(list(logs.glob("layout-*.json"))) + 1
+    for i, (url, spec) in enumerate(zip(setup.urls, layout, strict=True)):
         env = dict(setup.env)
-        if setup.dry:
-            cmd = [
-                setup.python,
-                "-m",
-                "priority_gateway.engines.sim",
-                "--port",
-                port,
-                "--model",
-                MODEL,
-                "--profile",
-                setup.sim_profile,
-            ]
-            cmd.append("--enable-prompt-tokens-details")
-        else:
-            env["CUDA_VISIBLE_DEVICES"] = str(i % setup.gpus)
-            cmd = [setup.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir())]
-            cmd += ["--served-model-name", MODEL, "--host", "127.0.0.1", "--port", port, *ENGINE_ARGS]
-        (logs / f"engine{i + 1}.cmd").write_text(" ".join(cmd) + "\n")
-        out = open(logs / f"engine{i + 1}.log", "ab")  # noqa: SIM115 - the engine outlives this call
-        procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
-        log(f"engine {i + 1} starting on port {port}")
         if not setup.dry:
+            env["CUDA_VISIBLE_DEVICES"] = str(i % setup.gpus)
+        cmd, record = engine_command(setup, spec, i, len(layout))
+        name = f"engine{i + 1}" if generation == 1 else f"engine{i + 1}-layout{generation}"
+        (logs / f"{name}.cmd").write_text(" ".join(cmd) + "\n")
+        out = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - the engine outlives this call
+        setup.procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+        setup.launches.append({"url": url, "log": f"engines/{name}.log", **record})
+        log(f"engine {i + 1} ({spec.pool}) starting on {url}")
+        if not setup.dry and i + 1 < len(layout):
             time.sleep(8)  # staggered: profiling runs one at a time
-    for i, (url, proc) in enumerate(zip(setup.urls, procs, strict=True)):
+    for i, (url, proc) in enumerate(zip(setup.urls, setup.procs, strict=True)):
         if not wait_until(url + "/health", 420, lambda p=proc: p.poll() is None):
-            tail = (logs / f"engine{i + 1}.log").read_text(errors="replace")[-4000:]
+            tail = (RES / setup.launches[i]["log"]).read_text(errors="replace")[-4000:]
             raise RuntimeError(f"engine {i + 1} did not come up:\n{tail}")
-    log(f"{len(procs)} engines healthy")
-    return procs
+    for launch in setup.launches:
+        found = _KV_TOKENS.findall((RES / launch["log"]).read_text(errors="replace"))
+        launch["kv_cache_tokens"] = int(found[-1].replace(",", "")) if found else None
+    up_s = round(time.monotonic() - began, 1)
+    record = {"layout": [spec.pool for spec in layout], "healthy_after_s": up_s, "engines": setup.launches}
+    (logs / f"layout-{generation}.json").write_text(json.dumps(record, indent=1))
+    (RES / "engines.json").write_text(json.dumps(record, indent=1))
+    pgids = [proc.pid for proc in setup.procs]
+    ENGINES_FILE.write_text(json.dumps({"layout": _layout_key(layout), "pgids": pgids, **record}))
+    log(f"{len(setup.procs)} engines healthy after {up_s:.0f} s")
+
+
+def _layout_key(layout: Layout) -> list:
+    return [[spec.pool, [list(x) for x in spec.experiment]] for spec in layout]
+
+
+def adopt_engines(setup: Setup) -> bool:
+    """Engines a previous plan process started on this (warm) machine, still healthy: take them over."""
+    try:
+        known = json.loads(ENGINES_FILE.read_text())
+    except (OSError, ValueError):
+        return False
+    layout = tuple(EngineSpec(pool, tuple(tuple(x) for x in exp)) for pool, exp in known["layout"])
+    setup.layout, setup.launches = layout, known["engines"]
+    if engines_up(setup):
+        log(f"engines of an earlier plan taken over: {[s.pool for s in layout]}")
+        return True
+    setup.layout, setup.launches = (), []
+    return False
+
+
+def stop_engines(setup: Setup) -> None:
+    """Stop the engines running now (started here, or taken over) and wait for the GPU to be free."""
+    for proc in setup.procs:
+        stop(proc)  # ours: SIGTERM to the group, then SIGKILL, and reaped
+    if not setup.procs:  # an earlier plan process's: not our children, only their process groups
+        try:
+            pgids = json.loads(ENGINES_FILE.read_text())["pgids"]
+        except (OSError, ValueError, KeyError):
+            pgids = []
+        for pgid in pgids:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, sig)
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline and _group_alive(pgid):
+                    time.sleep(0.5)
+                if not _group_alive(pgid):
+                    break
+    ENGINES_FILE.unlink(missing_ok=True)
+    setup.layout, setup.procs, setup.launches = (), [], []
+    if not setup.dry:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _gpu_memory_used_mib() > 2048:
+            time.sleep(1)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _gpu_memory_used_mib() -> float:
+    done = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True
+    )
+    try:
+        return max(float(x) for x in done.stdout.split())
+    except ValueError:
+        return 0.0
+
+
+SPECULATIVE_FALLBACK_WHY = (
+    "the batch pool's engines did not start with ngram_gpu speculative decoding on the device (the "
+    "first attempt's log tail is in engines/): they run without speculative decoding"
+)
+
+
+def use_engines(setup: Setup, layout: Layout) -> None:
+    """Make ``layout`` the engines running: nothing to do when it already is (or its stand-in does),
+    else stop and start. A layout whose speculative decoding does not start (MTP's stand-in, never run
+    on the device before) is started once more without it, and that stands in for it from then on."""
+    wanted = setup.state.get("stand_in", {}).get(layout, layout)
+    if setup.layout == wanted and engines_up(setup):
+        return
+    if setup.layout or ENGINES_FILE.exists():
+        log(f"engines: {[s.pool for s in setup.layout]} -> {[s.pool for s in wanted]}")
+        stop_engines(setup)
+    try:
+        start_engines(setup, wanted)
+    except RuntimeError as exc:
+        speculative = [i for i, spec in enumerate(wanted) if "--speculative-config" in _flags_of(setup, spec)]
+        if not speculative or wanted is not layout:
+            raise
+        log(f"engines did not start ({str(exc)[-300:]!r}); again without speculative decoding")
+        stop_engines(setup)
+        plain = list(wanted)
+        for i in speculative:
+            plain[i] = EngineSpec(
+                wanted[i].pool, (*wanted[i].experiment, ("--speculative-config", None, SPECULATIVE_FALLBACK_WHY))
+            )  # type: ignore[arg-type]
+        wanted = tuple(plain)
+        setup.state.setdefault("stand_in", {})[layout] = wanted
+        start_engines(setup, wanted)
+    warm_up(setup)
+
+
+def _flags_of(setup: Setup, spec: EngineSpec) -> dict[str, str]:
+    if spec.pool == CALIBRATION:
+        return {}
+    experiment = {flag: (value, why) for flag, value, why in spec.experiment}
+    if setup.kv_cache_bytes:
+        why = "the sessions plan: a small KV cache per engine, so that agent sessions contend for it"
+        experiment["--kv-cache-memory-bytes"] = (str(setup.kv_cache_bytes), why)
+    launch = engine_args.device_launch(spec.pool, model_dir="/m", port=0, engines_on_gpu=4, experiment=experiment)
+    return engine_args.flag_values(list(launch.args))
+
+
+def engine_start_s(setup: Setup, layout: Layout) -> float:
+    """What starting ``layout`` costs, for the plan's budget (an engine alone was healthy after 88-97 s)."""
+    if setup.dry:
+        return 10.0
+    return 110.0 + 10.0 * (len(layout) - 1)
 
 
 def engines_up(setup: Setup) -> bool:
@@ -289,7 +494,8 @@ def start_front(setup: Setup, name: str, urls: list[str], folder: Path, config: 
     """``ours-<policy>`` (the gateway), ``vllmr-<policy>`` (vllm-router), ``gateway-config`` (given)."""
     global _prometheus_port
     if name.startswith("vllmr-"):
-        policy = {"ca": "cache_aware", "ca-tuned": "cache_aware", "rr": "round_robin"}[name.removeprefix("vllmr-")]
+        policies = {"ca": "cache_aware", "ca-tuned": "cache_aware", "rr": "round_robin", "ch": "consistent_hash"}
+        policy = policies[name.removeprefix("vllmr-")]
         _prometheus_port += 1
         cmd = [*setup.router_cmd, "--host", "127.0.0.1", "--port", str(FRONT_PORT), "--worker-urls", *urls]
         cmd += ["--policy", policy, "--log-level", "warning", "--prometheus-port", str(_prometheus_port)]
@@ -529,7 +735,10 @@ def redis_binary(setup: Setup) -> tuple[str, dict[str, str]]:
         return shutil.which("redis-server") or "redis-server", {}
     root = WORK / "redis"
     if not (root / "usr/bin/redis-server").exists():
-        debs = sorted(Path(os.environ.get("GPU_REDIS_DEBS", PROJ / ".gpu/redis")).glob("*.deb"))
+        where = os.environ.get("GPU_REDIS_DEBS") or (WORK / "redisdebs" if (WORK / "redisdebs").is_dir() else None)
+        debs = sorted(Path(where or PROJ / ".gpu/redis").glob("*.deb"))
+        if not debs:
+            raise NotRun("no redis-server carried (prepare.sh's c3, harness.py extras): the fleet scenes need one")
         for deb in debs:
             subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
     libs = str(root / "usr/lib/x86_64-linux-gnu")
@@ -544,6 +753,7 @@ def realtime_script(setup: Setup, name: str, script: str, args: list[str], limit
     env = {**setup.env, **extra, "PYTHONUNBUFFERED": "1"}
     cmd = [setup.python, str(PROJ / "benchmarks" / script), *args, "--redis-server", redis, "--out", str(folder)]
     (folder / "command.txt").write_text(" ".join(cmd) + "\n")
+    record_engines(setup, folder)
     reset_caches(setup.urls)
     with open(folder / "bench.log", "ab") as sink:
         proc = subprocess.Popen(cmd, env=env, cwd=PROJ, stdout=sink, stderr=subprocess.STDOUT)
@@ -617,7 +827,71 @@ def _fleet_itl(setup: Setup, folder: str, args: list[str], total: float) -> None
     realtime_script(setup, folder, "gpu/fleet_itl.py", args, total + 240)
 
 
-def plan_steps(setup: Setup, name: str) -> list[tuple[str, float, Callable[[], None]]]:
+SESSIONS_KV_BYTES = 2 * 1024**3
+"""The sessions plan's KV cache per engine: ~37k tokens (of 18.4 KB each, bf16, 4 KV heads of 128 x 28
+layers), so four engines hold ~150k tokens while the live agent sessions' contexts ask for more."""
+SESSION_FRONTS = {
+    "ours-prefix": {"sessions": {"enabled": False}},
+    "ours-sessions": {"sessions": {"enabled": True}, "prefix": {"policy": {"retention_weight": 0.0}}},
+    "ours-retention": {"sessions": {"enabled": True}, "prefix": {"policy": {"retention_weight": 1.0}}},
+    "vllmr-ca": None,
+    "vllmr-ch": None,
+}
+
+
+def sessions_steps(setup: Setup) -> list[tuple[str, float, Callable[[], None]]]:
+    """Agent sessions closed loop (``benchmarks/agent_sessions_client.py``) through each front in turn:
+    the gateway with sessions off, on, on with retention (admission on, interactive ITL budget 250 ms,
+    no TTFT refusals), vllm-router cache_aware and consistent_hash on ``X-Session-ID``; ~70 s each."""
+    seconds, limit = setup.seconds(40), setup.seconds(70)
+    steps = []
+    for front in SESSION_FRONTS:
+        steps.append((f"sessions {front}", limit + 20, lambda f=front: agent_sessions_run(setup, f, seconds, limit)))
+    return steps
+
+
+def agent_sessions_run(setup: Setup, front: str, seconds: float, limit: float) -> None:
+    folder = RES / "sessions" / front
+    folder.mkdir(parents=True, exist_ok=True)
+    reset_caches(setup.urls)
+    config = None
+    extra = SESSION_FRONTS[front]
+    if extra is not None:
+        config = {
+            "pools": {"interactive": {"engines": setup.urls, "policy": "prefix"}},
+            "classes": {"interactive": {"ttft_p99_ms": None, "itl_p99_ms": 250}},
+            **extra,
+        }
+    proc = start_front(setup, front, setup.urls, folder, config)
+    try:
+        save_metrics(setup.urls, folder, "before")
+        cmd = [
+            setup.python,
+            str(PROJ / "benchmarks/agent_sessions_client.py"),
+            "--url",
+            f"http://127.0.0.1:{FRONT_PORT}",
+        ]
+        cmd += [
+            "--model",
+            MODEL,
+            "--rate",
+            "1",
+            "--seconds",
+            f"{seconds:g}",
+            "--limit-s",
+            f"{limit:g}",
+            "--out",
+            str(folder),
+        ]
+        (folder / "command.txt").write_text(" ".join(cmd) + "\n")
+        with open(folder / "bench.log", "ab") as sink:
+            subprocess.run(cmd, env=setup.env, cwd=PROJ, stdout=sink, stderr=subprocess.STDOUT, timeout=limit + 60)
+        save_metrics(setup.urls, folder, "after")
+    finally:
+        stop(proc)
+
+
+def calibration_plan_steps(setup: Setup, name: str) -> list[tuple[str, float, Callable[[], None]]]:
     if name == "fleet":
         return fleet_steps(setup)
     if name in ("fleet-itl", "fleet-itl-pinned"):
@@ -668,12 +942,285 @@ def plan_steps(setup: Setup, name: str) -> list[tuple[str, float, Callable[[], N
     return steps
 
 
+# -- the budgets plan: the seed's single-GPU experiment live, then the pools as shipped ---------------
+
+
+SEATS_WHY = (
+    "the experiment's variable: fronts that bound concurrency themselves (the gateway's learned or pinned "
+    "limit) need an engine that does not, so 256 seats, more than one engine keeps in flight within the "
+    "budgets; the profile's 4 is where NVFP4 Gemma 4 holds them, not this 7B"
+)
+CAP_WHY = "the experiment's variable: a static concurrency cap in the engine, as an operator would tune it by hand"
+SINGLE: Layout = (EngineSpec("interactive", (("--max-num-seqs", "256", SEATS_WHY),)),)
+SHIPPED_FLEET: Layout = (EngineSpec("interactive"),) * 2 + (EngineSpec("batch"),) * 2
+BUDGET = {"ttft_p99_ms": 500, "itl_p99_ms": 50}
+POISSON_FRACTIONS = (0.4, 0.75, 1.0, 1.3, 2.0)
+BURSTY_FRACTIONS = (0.75, 1.0, 1.4)
+CAPS = (32, 16, 64)
+"""Pinned limits, in the order they run: 32 first, where gateway sim puts the best of them."""
+FALLBACK_CAPACITY_RPS = 17.0
+"""Used when the capacity probe did not run: gateway sim's h200-7b-bf16 with 384-token chunks
+saturates at ~2,200 output tokens/s of 1024 + 128-token requests."""
+FLEET_RUNS = 5
+
+
+def commit() -> str:
+    """The commit of the code the device runs (``prepare.sh`` writes it into the project archive)."""
+    return envelope.commit_stamp(PROJ)
+
+
+def record_engines(setup: Setup, folder: Path) -> None:
+    """The engines a result was measured on, as they were started, beside it."""
+    record = {"commit": commit(), "layout": [s.pool for s in setup.layout], "engines": setup.launches}
+    (folder / "engines.json").write_text(json.dumps(record, indent=1))
+
+
+def capacity_probe(setup: Setup) -> None:
+    """Closed loop at concurrency 64 straight to the engine: the request rate it saturates at, which the
+    offered rates of every front are fractions of."""
+    folder = RES / "budgets-capacity"
+    folder.mkdir(parents=True, exist_ok=True)
+    record_engines(setup, folder)
+    seconds = setup.seconds(15)
+    bench = ["--url", setup.urls[0], "--concurrency", "64", "--duration", f"{seconds:g}", "--ramp-up", "2"]
+    bench += ["--input-len", "1024", "--output-len", "128", "--endpoint", "completions", "--token-ids"]
+    results = run_bench(setup, [*bench, "--timeout", "120"], folder, seconds + 180)
+    runs = results.get("runs") or [{}]
+    rps = runs[0].get("request_throughput")
+    if not rps:
+        raise RuntimeError(f"capacity probe measured nothing: see {folder / 'bench.log'}")
+    setup.state["capacity_rps"] = rps
+    (folder / "capacity.json").write_text(
+        json.dumps({"request_throughput": rps, "concurrency": 64, **runs[0]}, indent=1)
+    )
+    log(summary_line("capacity c=64", results))
+
+
+def capacity(setup: Setup) -> tuple[float, str]:
+    if "capacity_rps" in setup.state:
+        return setup.state["capacity_rps"], "measured"
+    try:
+        return json.loads((RES / "budgets-capacity" / "capacity.json").read_text())["request_throughput"], "measured"
+    except (OSError, ValueError, KeyError):
+        return FALLBACK_CAPACITY_RPS, "gateway sim's estimate (the probe did not run)"
+
+
+def budgets_front(front: str, url: str) -> dict | None:
+    """The gateway's configuration for ``front`` (None: not the gateway)."""
+    base = {
+        "pools": {"interactive": {"engines": [url], "policy": "prefix"}},
+        "classes": {"interactive": dict(BUDGET)},
+        "log_level": "info",
+        "access_log": False,
+    }
+    if front == "ours-admission":
+        return base
+    if front == "ours-off" or front.startswith("engine-cap-"):
+        return {**base, "admission": {"enabled": False}}
+    if front.startswith("cap-"):
+        n = int(front.removeprefix("cap-"))
+        return {**base, "admission": {"initial_limit": n, "min_limit": n, "max_limit": n}}
+    return None
+
+
+def _fractions(arrivals: str) -> tuple[float, ...]:
+    return POISSON_FRACTIONS if arrivals == "poisson" else BURSTY_FRACTIONS
+
+
+def warmup_s(setup: Setup, front: str) -> float:
+    """Only the gateway that learns its limit gets a warm-up level (at 0.75 of capacity): what it
+    learned there it keeps, as a gateway that has been running would; the others have nothing to learn."""
+    return setup.seconds(20) if front == "ours-admission" else 0.0
+
+
+def budgets_estimate(setup: Setup, arrivals: str, front: str) -> float:
+    """Warm-up, the levels, and the backlog a front that admits everything drains past capacity."""
+    level, drain = setup.seconds(15), setup.seconds(45)
+    admits_all = front in ("ours-off", "vllmr-rr") or front.startswith("engine-cap-")
+    total = warmup_s(setup, front) + 10.0
+    for f in _fractions(arrivals):
+        total += level + 5.0 + (min(drain, max(0.0, f - 1.0) * level) if admits_all else 2.0)
+    return total
+
+
+def budgets_run(setup: Setup, arrivals: str, front: str) -> None:
+    """One front's sweep (``budgets.py sweep``) at the fractions of the engine's capacity."""
+    rps, source = capacity(setup)
+    rates = [round(rps * f * setup.rate_scale, 2) for f in _fractions(arrivals)]
+    folder = RES / f"budgets-{arrivals}-{front}"
+    folder.mkdir(parents=True, exist_ok=True)
+    record_engines(setup, folder)
+    url = setup.urls[0]
+    reset_caches(setup.urls)
+    save_metrics(setup.urls, folder, "before")
+    config = budgets_front(front, url)
+    proc = start_front(setup, "gateway-config" if config is not None else front, [url], folder, config)
+    started = time.time()
+    cmd = [setup.python, str(HERE / "budgets.py"), "sweep", "--url", f"http://127.0.0.1:{FRONT_PORT}"]
+    cmd += ["--engine", url, "--front", front, "--arrivals", arrivals, "--rates", ",".join(map(str, rates))]
+    cmd += ["--level-s", f"{setup.seconds(15):g}", "--drain-s", f"{setup.seconds(45):g}"]
+    cmd += ["--warmup-rate", f"{rps * 0.75 * setup.rate_scale:.2f}", "--warmup-s", f"{warmup_s(setup, front):g}"]
+    cmd += ["--traces", str(TRACES), "--out", str(folder)]
+    (folder / "command.txt").write_text(" ".join(cmd) + "\n")
+    try:
+        with open(folder / "bench.log", "ab") as sink:
+            limit = budgets_estimate(setup, arrivals, front) + 120
+            subprocess.run(cmd, env=setup.env, cwd=PROJ, stdout=sink, stderr=subprocess.STDOUT, timeout=limit)
+    finally:
+        stop(proc)
+    save_metrics(setup.urls, folder, "after")
+    meta = {
+        "front": front,
+        "arrivals": arrivals,
+        "capacity_rps": rps,
+        "capacity_source": source,
+        "rate_fractions": list(_fractions(arrivals)),
+        "rate_scale": setup.rate_scale,
+        "rates": rates,
+        "gateway_config": config,
+        "commit": commit(),
+        "started": started,
+        "wall_s": round(time.time() - started, 1),
+        "engines": setup.launches,
+    }
+    (folder / "run.json").write_text(json.dumps(meta, indent=1))
+    try:
+        levels = json.loads((folder / "sweep.json").read_text())["levels"]
+    except (OSError, ValueError, KeyError):
+        raise RuntimeError(f"budgets {arrivals} {front}: no sweep.json, see {folder / 'bench.log'}") from None
+    for lv in levels:
+        log(
+            f"budgets {arrivals} {front} {lv['label']}: goodput {lv['goodput_rps']}/s, attainment "
+            f"{lv['attainment_of_admitted']}, refused {lv['refused_share']}, TTFT p99 {lv['ttft_p99_ms']}, "
+            f"ITL p99 {lv['itl_p99_ms']}"
+        )
+
+
+def best_cap() -> int:
+    """The pinned limit with the highest mean goodput from capacity up (Poisson), of those that ran."""
+    scores = {}
+    for cap in CAPS:
+        try:
+            levels = json.loads((RES / f"budgets-poisson-cap-{cap}" / "sweep.json").read_text())["levels"]
+        except (OSError, ValueError, KeyError):
+            continue
+        rows = [lv["goodput_rps"] for lv in levels if not lv.get("warmup")][2:] or [0.0]
+        scores[cap] = sum(rows) / len(rows)
+    return max(scores, key=lambda c: scores[c]) if scores else CAPS[0]
+
+
+def engine_cap_layout() -> Layout:
+    return (EngineSpec("interactive", (("--max-num-seqs", str(best_cap()), CAP_WHY),)),)
+
+
+def fleet_shipped_run(setup: Setup, folder: str, *more: str) -> None:
+    args, total = fleet_itl_args(setup, 1, *more)
+    realtime_script(setup, folder, "gpu/fleet_itl.py", args, total + 240)
+
+
+def shared_gpu_run(setup: Setup, throttle: bool) -> None:
+    """The 2+2 scene at the seed's budgets: the interactive pool (engines 1-2) beside a batch flood on
+    the batch pool (3-4), every engine on the one GPU; ``throttle``: the batch pool declared as sharing
+    the interactive pool's hardware, so that the gateway throttles it from the interactive ITL."""
+    folder = f"shared-gpu-throttle-{'on' if throttle else 'off'}"
+    more = ["--setups", "one", "--budget-ms", "500,50"]
+    if throttle:
+        option = "batch.shares_hardware_with=interactive"
+        urls = setup.urls
+        config = {"pools": {"interactive": {"engines": urls[:2]}, "batch": {"engines": urls[2:]}}}
+        config["pools"]["batch"]["shares_hardware_with"] = "interactive"
+        check = "import json, sys\nfrom priority_gateway.config.load import parse_config\n"
+        check += "parse_config(json.loads(sys.argv[1]))"
+        done = subprocess.run(
+            [setup.python, "-c", check, json.dumps(config)], env=setup.env, capture_output=True, text=True
+        )
+        if done.returncode:
+            (RES / folder).mkdir(parents=True, exist_ok=True)
+            reason = (done.stderr.strip().splitlines() or ["?"])[-1]
+            note = {
+                "run": False,
+                "why": "the gateway does not take pools.<name>.shares_hardware_with yet",
+                "error": reason,
+            }
+            (RES / folder / "not_run.json").write_text(json.dumps(note, indent=1))
+            raise NotRun(f"pools.batch.shares_hardware_with is not a setting of this gateway yet ({reason})")
+        more += ["--pool-option", option]
+    fleet_shipped_run(setup, folder, *more)
+
+
+def fleet_shipped_steps(setup: Setup, runs: int = FLEET_RUNS) -> list[Step]:
+    """The fleet-itl scene with the shipped engines (one replica and four alternated, ``runs`` each) and
+    the 2+2 scene throttled and not; the fleet's first pair first, then both shared-GPU runs."""
+    _, one_s = fleet_itl_args(setup, 1, "--setups", "one")
+    steps = []
+    for k in range(runs):
+        for which in ("one", "fleet"):
+            folder = f"fleet-itl-shipped/{which}-{k}"
+            more = ("--setups", which, "--seed", str(k))
+            run = lambda f=folder, m=more: fleet_shipped_run(setup, f, *m)  # noqa: E731
+            steps.append(Step(f"fleet-itl shipped {which} {k}", one_s + 30, run, SHIPPED_FLEET))
+        if k == 0:
+            for throttle in (False, True):
+                run = lambda t=throttle: shared_gpu_run(setup, t)  # noqa: E731
+                name = f"shared gpu throttle {'on' if throttle else 'off'}"
+                steps.append(Step(name, one_s + 30, run, SHIPPED_FLEET))
+    return steps
+
+
+def budgets_steps(setup: Setup, fleet_runs: int = FLEET_RUNS) -> list[Step]:
+    """The budgets plan, most valuable first (README, "The budgets plan")."""
+
+    def sweep(arrivals: str, front: str) -> Step:
+        estimate = budgets_estimate(setup, arrivals, front)
+        return Step(f"budgets {arrivals} {front}", estimate, lambda: budgets_run(setup, arrivals, front), SINGLE)
+
+    caps = [f"cap-{c}" for c in CAPS]
+    steps = [Step("budgets capacity", setup.seconds(15) + 40, lambda: capacity_probe(setup), SINGLE)]
+    steps += [sweep("poisson", f) for f in ("ours-admission", caps[0], "ours-off")]
+    steps += [sweep("bursty", f) for f in ("ours-admission", caps[0], "ours-off")]
+    steps += [sweep("poisson", f) for f in (*caps[1:], "vllmr-rr")]
+    steps += fleet_shipped_steps(setup, fleet_runs)
+    cap_estimate = budgets_estimate(setup, "poisson", "engine-cap-32")
+
+    def engine_cap() -> None:
+        budgets_run(setup, "poisson", f"engine-cap-{best_cap()}")
+
+    steps.append(Step("budgets poisson engine-cap", cap_estimate, engine_cap, engine_cap_layout))
+    return steps
+
+
+def plan_steps(setup: Setup, name: str) -> list[Step]:
+    runs = int(setup.state.get("fleet_runs", FLEET_RUNS))
+    if name == "budgets":
+        return budgets_steps(setup, runs)
+    if name == "fleet-itl-shipped":
+        return fleet_shipped_steps(setup, runs)
+    if name == "sessions":  # four engines of the interactive pool's profile, each a small KV cache
+        return [Step(n, e, run, (EngineSpec("interactive"),) * 4) for n, e, run in sessions_steps(setup)]
+    layout = calibration_layout(setup.engines)
+    return [Step(n, e, run, layout) for n, e, run in calibration_plan_steps(setup, name)]
+
+
 def time_left(default_deadline: float) -> float:
     """Seconds until the plan's deadline (``wait --deadline-in-s`` may move it)."""
     try:
         return float(DEADLINE.read_text()) - time.time()
     except (OSError, ValueError):
         return default_deadline - time.time()
+
+
+class NotRun(Exception):
+    """A step that cannot run here and says why (recorded in ``skipped.json``)."""
+
+
+@dataclass
+class Step:
+    name: str
+    estimate_s: float
+    run: Callable[[], None]
+    layout: Layout | Callable[[], Layout] | None = None
+    """The engines it needs (None: whatever runs; a function: decided by the steps before it); starting
+    them counts in its estimate."""
 
 
 def run_plan(setup: Setup, plan: str, budget_s: float) -> None:
@@ -683,7 +1230,7 @@ def run_plan(setup: Setup, plan: str, budget_s: float) -> None:
     DONE.unlink(missing_ok=True)
     gpu_log = None
     skipped: list[dict] = []
-    engines: list[subprocess.Popen[bytes]] = []
+    failed: set[Layout] = set()
     try:
         if not setup.dry:
             gpu_log = subprocess.Popen(
@@ -698,28 +1245,46 @@ def run_plan(setup: Setup, plan: str, budget_s: float) -> None:
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        if not engines_up(setup):
-            engines = start_engines(setup)
-            warm_up(setup)
-        for name, estimate, step in plan_steps(setup, plan):
+        adopt_engines(setup)
+        steps = plan_steps(setup, plan)
+        only = setup.state.get("only")
+        if only:
+            left_out = [s.name for s in steps if not re.search(only, s.name)]
+            skipped += [{"step": name, "reason": f"--only {only}"} for name in left_out]
+            steps = [s for s in steps if re.search(only, s.name)]
+        for step in steps:
+            wanted = step.layout() if callable(step.layout) else step.layout
+            need = wanted or setup.layout or calibration_layout(setup.engines)
+            running = setup.state.get("stand_in", {}).get(need, need) == setup.layout
+            estimate = step.estimate_s + (0.0 if running else engine_start_s(setup, need))
             left = time_left(deadline)
-            if estimate > left:
-                skipped.append({"step": name, "estimate_s": round(estimate), "left_s": round(left)})
-                log(f"skip {name}: needs ~{estimate:.0f} s, {left:.0f} s left")
+            if need in failed:
+                skipped.append({"step": step.name, "reason": "its engines did not start"})
                 continue
-            log(f"start {name} (~{estimate:.0f} s, {left:.0f} s left)")
+            if estimate > left:
+                skipped.append({"step": step.name, "estimate_s": round(estimate), "left_s": round(left)})
+                log(f"skip {step.name}: needs ~{estimate:.0f} s, {left:.0f} s left")
+                continue
+            log(f"start {step.name} (~{estimate:.0f} s, {left:.0f} s left)")
             began = time.monotonic()
             try:
-                step()
+                try:
+                    use_engines(setup, need)
+                except Exception:
+                    failed.add(need)
+                    raise
+                step.run()
+            except NotRun as exc:
+                log(f"not run {step.name}: {exc}")
+                skipped.append({"step": step.name, "reason": str(exc)})
             except Exception as exc:  # a failed step must not lose the others
-                log(f"FAILED {name}: {exc!r}")
-                skipped.append({"step": name, "error": repr(exc)[:2000]})
-            log(f"end {name} after {time.monotonic() - began:.0f} s")
+                log(f"FAILED {step.name}: {exc!r}")
+                skipped.append({"step": step.name, "error": repr(exc)[:2000]})
+            log(f"end {step.name} after {time.monotonic() - began:.0f} s")
     finally:
         (RES / "skipped.json").write_text(json.dumps(skipped, indent=1))
         if setup.dry:
-            for proc in engines:
-                stop(proc)
+            stop_engines(setup)
         stop(gpu_log)
         DONE.write_text("done\n")
         log("plan done")
@@ -768,13 +1333,48 @@ def unpack(carry: Path) -> None:
     log("router and gateway wheels in place")
 
 
+def show_steps(setup: Setup, plan: str, budget_s: float) -> None:
+    """The plan's steps in order with what each is estimated to take (engine starts included), and
+    which would run within ``budget_s`` if every step took its estimate; runs nothing."""
+    current: Layout = ()
+    total = 0.0
+    for step in plan_steps(setup, plan):
+        need = (step.layout() if callable(step.layout) else step.layout) or current
+        start = 0.0 if need == current else engine_start_s(setup, need)
+        estimate = step.estimate_s + start
+        fits = total + estimate <= budget_s
+        if fits:
+            total += estimate
+            current = need
+        mark = "run " if fits else "skip"
+        print(f"{mark} {estimate:6.0f} s {total:6.0f} s  {step.name}" + (f" (+{start:.0f} s engines)" if start else ""))
+
+
+def extras(carry: Path) -> None:
+    """Call 3, while the plan runs: redis-server's packages (the fleet scenes) and, with ``ROUTER=late``,
+    vllm-router, put where the plan's later steps look for them."""
+    debs = WORK / "redisdebs"
+    debs.mkdir(parents=True, exist_ok=True)
+    for item in carry.glob("*.deb"):
+        shutil.copy(item, debs / item.name)
+    router = carry / "router.tar.xz"
+    if router.exists() and not (WORK / "router" / "vllm_router").is_dir():
+        (WORK / "router").mkdir(parents=True, exist_ok=True)
+        subprocess.run(["tar", "-xJf", str(router), "-C", str(WORK / "router")], check=True)
+    log(f"extras in place: {len(list(debs.glob('*.deb')))} redis packages, router {(WORK / 'router').is_dir()}")
+
+
 def launch(setup: Setup, plan: str, budget_s: float) -> None:
     """Start the plan in its own process session: it outlives this call."""
     WORK.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, str(Path(__file__).resolve()), "plan", "--plan", plan, "--budget-s", str(budget_s)]
-    args += ["--engines", str(setup.engines)]
+    args += ["--engines", str(setup.engines)] + (["--graphs"] if setup.graphs else [])
+    args += ["--fleet-runs", str(setup.state.get("fleet_runs", FLEET_RUNS))]
+    if setup.state.get("only"):
+        args += ["--only", setup.state["only"]]
     if setup.dry:
         args += ["--dry", "--time-scale", str(setup.time_scale), "--sim-profile", setup.sim_profile]
+        args += ["--rate-scale", str(setup.rate_scale)]
     with open(PLAN_LOG, "ab") as out:
         subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=PROJ)
     log(f"plan {plan} launched for {budget_s:.0f} s")
@@ -809,9 +1409,20 @@ def pack(out: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", choices=("stage", "unpack", "launch", "wait", "plan", "run"))
+    p.add_argument("action", choices=("stage", "unpack", "extras", "launch", "wait", "plan", "run", "steps"))
     p.add_argument("--carry", type=Path, default=None, help="the carried folder of this call")
-    plans = ("full", "smoke", "repeat", "mixed", "fleet", "fleet-itl", "fleet-itl-pinned")
+    plans = (
+        "budgets",
+        "fleet-itl-shipped",
+        "full",
+        "smoke",
+        "repeat",
+        "mixed",
+        "fleet",
+        "fleet-itl",
+        "fleet-itl-pinned",
+        "sessions",
+    )
     p.add_argument("--plan", default="full", choices=plans)
     p.add_argument("--budget-s", type=float, default=1300.0, help="the plan's whole time, engine start included")
     p.add_argument("--for-s", type=float, default=560.0, help="wait: follow the plan this long, then pack")
@@ -820,18 +1431,30 @@ def main() -> None:
     p.add_argument("--dry", action="store_true", help="simulated engines here instead of vLLM on the device")
     p.add_argument("--time-scale", type=float, default=0.15, help="dry: durations times this")
     p.add_argument("--sim-profile", default="h200-32b-fp8", help="dry: the simulated engines' profile")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="dry: the budgets plan's offered rates times this")
+    p.add_argument("--graphs", action="store_true", help="real engines with CUDA graphs (no --enforce-eager)")
+    p.add_argument("--only", default="", help="run only the plan's steps whose name matches this regex")
+    p.add_argument("--fleet-runs", type=int, default=FLEET_RUNS, help="fleet-itl: runs of one and of four replicas")
     args = p.parse_args()
     out = Path(os.environ.get("OUT", WORK / "out"))
     if args.action == "stage":
         return stage(args.carry)
     if args.action == "unpack":
         return unpack(args.carry)
+    if args.action == "extras":
+        return extras(args.carry)
     if args.action == "wait":
         if args.deadline_in_s is not None:
             DEADLINE.write_text(str(time.time() + args.deadline_in_s))
             log(f"plan deadline moved to {args.deadline_in_s:.0f} s from now")
         return follow(args.for_s, out)
     setup = dry_setup(args.engines, args.time_scale, args.sim_profile) if args.dry else device_setup(args.engines)
+    setup.graphs, setup.rate_scale = args.graphs, args.rate_scale
+    setup.state.update(only=args.only, fleet_runs=args.fleet_runs)
+    if args.action == "steps":
+        return show_steps(setup, args.plan, args.budget_s)
+    if args.plan == "sessions":
+        setup.kv_cache_bytes = SESSIONS_KV_BYTES
     if args.action == "launch":
         return launch(setup, args.plan, args.budget_s)
     if args.action == "plan":

@@ -12,12 +12,13 @@ gaps at is the fleet's. Per trial: seconds until the limit first shrinks below 3
 
 - ``--replicas N``: one replica of ``N`` learning alone, on its own requests' gaps (``N`` = 1: it sees
   every gap);
-- ``--shared N``: ``N`` replicas that learn one limit together as the gateway does (``core/sharing.py``,
-  ``core/limiter.py``): each feeds its own limiter its own requests' gaps; every second (each at its
-  own phase) it publishes a full batch with its ``evidence`` and the limit it learned, encoded and
-  decoded as on the channel, and every other replica takes it into its ``Peers``; the replica with
-  the lowest id leads (``update`` on its own gaps and those heard), the others ``follow`` the limit
-  it published. The time is the leader's first shrink; ``all_follow`` when every replica applies it.
+- ``--shared N``: ``N`` gateway replicas (the product's ``Dispatcher`` and ``Fleet``, as the server
+  runs them) that learn one limit together: each feeds its own limiter its own requests' gaps; every
+  ``--full-s`` (each at its own phase) its fleet's full batch goes to every replica, itself included,
+  whose fleet applies it; every replica polls as the server does. The engine's leader (the lowest id
+  of those that learned a limit; before anyone has, each judges alone on everyone's evidence) moves
+  the limit, the others follow it. The time is the first shrink of a replica that leads;
+  ``all_follow`` when every replica applies it.
 
 The same seed draws the same engine (steps, stalls, which replica owns each request) in every mode:
 replica 0 of ``--shared 4`` sees what the replica of ``--replicas 4`` sees.
@@ -32,13 +33,15 @@ import argparse
 import json
 import random
 import statistics
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from priority_gateway.bench import envelope
+from priority_gateway.core.classes import INTERACTIVE
+from priority_gateway.core.dispatcher import AdmissionSettings, Dispatcher, PoolSpec
+from priority_gateway.core.fleet import FleetSettings
 from priority_gateway.core.limiter import ConcurrencyLimit, LimitSettings
-from priority_gateway.core.sharing import PUBLISHER_BYTES, Batch, EngineLoad, Learned, Peers, decode, encode
 
 LEVEL = 3
 ENGINE = "interactive-0"
@@ -78,40 +81,35 @@ def first_shrink(seed: int, replicas: int, args: argparse.Namespace) -> float | 
 
 
 class SharingReplica:
-    """One replica's limiter for the engine and what it heard from the others, wired as the dispatcher
-    wires them (``Dispatcher.take_learned``, ``learn``, ``_leader``, ``poll``)."""
+    """One gateway replica: the product's dispatcher and fleet, in front of the one engine."""
 
     def __init__(self, index: int, phase: float, args: argparse.Namespace) -> None:
-        self.id = index.to_bytes(PUBLISHER_BYTES, "big")
-        self.limit = new_limit(args)
-        self.peers = Peers()
-        self.leader: bytes | None = None
+        limits = LimitSettings(initial=float(LEVEL))
+        self.dispatcher = Dispatcher(
+            [PoolSpec("interactive", [ENGINE], policy="least_loaded")],
+            budgets={INTERACTIVE: args.budget_ms / 1000.0},
+            admission=AdmissionSettings(enabled=True, limits=limits),
+            fleet=FleetSettings(index.to_bytes(16, "big"), settled=True),
+        )
         self.next_full = phase
-        self.sequence = 0
 
-    def publish(self, now: float) -> bytes:
-        self.sequence += 1
-        learned = self.limit.limit if self.limit.learned else 0.0
-        load = {ENGINE: EngineLoad(limit=learned)} if learned else {}
-        evidence = {ENGINE: self.limit.evidence(now)}
-        return encode(Batch(self.id, self.sequence, now, 64, Learned(load=load, full=True, evidence=evidence)))
+    @property
+    def limit(self) -> ConcurrencyLimit:
+        return self.dispatcher.limits[ENGINE]
 
-    def learn(self, data: bytes, now: float) -> None:
-        batch = decode(data)
-        self.peers.heard(batch.publisher, batch.sequence, now)
-        self.peers.report_evidence(batch.publisher, batch.learned.evidence)
-        self.peers.report(batch.publisher, batch.learned.load, batch.learned.full)
-        lowest = self.peers.lowest(ENGINE)
-        self.leader = None if lowest is None or self.id < lowest else lowest
-        self.limit.note_load(LEVEL)
-        if self.leader is not None:
-            if (leads := self.peers.limit_of(self.leader, ENGINE)) > 0:
-                self.limit.follow(leads, now)
-        elif limits := self.peers.limits(ENGINE):
-            self.limit.adopt(sum(limits) / len(limits))
+    @property
+    def leads(self) -> bool:
+        return self.dispatcher.fleet.leads(ENGINE)
+
+    def publish(self, now: float) -> bytes | None:
+        return self.dispatcher.fleet.outgoing(now, full=True).send
+
+    def receive(self, data: bytes, now: float) -> None:
+        self.dispatcher.fleet.receive(data, now)
 
     def poll(self, now: float) -> None:
-        self.limit.update(now, LEVEL, self.peers.evidence(ENGINE), self.leader is None)
+        self.limit.note_load(LEVEL)  # the fleet's load on the engine: it is held at LEVEL
+        self.dispatcher.poll(now)
 
 
 def first_shrink_shared(
@@ -129,13 +127,11 @@ def first_shrink_shared(
             if now >= replica.next_full:
                 replica.next_full += full_s
                 data = replica.publish(now)
-                for other in fleet:
-                    if other is not replica:
-                        other.learn(data, now)
+                for every in fleet if data is not None else ():
+                    every.receive(data, now)  # the channel delivers a batch to everyone, its publisher too
         for replica in fleet:
-            replica.limit.note_load(LEVEL)
             replica.poll(now)
-        if leader_shrank is None and any(r.leader is None and r.limit.limit < LEVEL for r in fleet):
+        if leader_shrank is None and any(r.leads and r.limit.limit < LEVEL for r in fleet):
             leader_shrank = round(now, 2)
         if all(r.limit.limit < LEVEL for r in fleet):
             return leader_shrank, round(now, 2)
@@ -193,6 +189,7 @@ def main() -> None:
     )
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
+    provenance = envelope.start()
     rows, curves = {}, {}
     for n in args.replicas:
         times = [first_shrink(seed, n, args) for seed in range(args.trials)]
@@ -212,8 +209,7 @@ def main() -> None:
             print(f"{n} replicas sharing every {full_s:g} s: level {LEVEL} found over budget in {found}/{len(runs)}")
             print(f"  {shared[-1]}")
     settings = {k: v for k, v in vars(args).items() if k not in ("shared", "full_s") or args.shared}
-    result = {"command": " ".join(["python", "benchmarks/gpu/limiter_evidence.py", *sys.argv[1:]]), **settings}
-    result = {**result, "out": None, "by_replicas": rows}
+    result = provenance.wrap({**settings, "out": None, "by_replicas": rows})
     if args.out is None:
         return
     if not args.shared:

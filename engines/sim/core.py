@@ -102,6 +102,10 @@ class EngineRequest:
     """The adapter that serves the request (``None``: the base model)."""
     cache_salt: str | None = None
     """Only for the extra keys of ``BlockStored`` events (the hashes already carry the salt)."""
+    output_block_hashes: Sequence[int] = ()
+    """Hashes of the blocks the reply fills past the prompt, when the caller knows its tokens (a
+    conversation's next turn carries them): vLLM hashes generated blocks by their tokens, so that
+    turn hits them. Past these, generated blocks get hashes of their own."""
 
 
 class StepOutput(NamedTuple):
@@ -489,7 +493,7 @@ class EngineCore:
                 hit = self.cache.find_prefix(seq.hashes, (seq.num_tokens - 1) // self.block_size)
                 cached = len(hit) * self.block_size
                 n = min(seq.num_tokens - cached, budget)
-                if not self.cache.can_allocate(self._blocks_needed(seq, cached + n, len(hit)), hit):
+                if not self.cache.can_allocate(self._blocks_needed(cached + n, len(hit)), hit):
                     break
                 self._pop_waiting()
                 self._deferred.discard(seq)
@@ -519,12 +523,12 @@ class EngineCore:
         self.stats.prefix_cache_queries += seq.num_tokens
         self.stats.prefix_cache_hits += cached
 
-    def _blocks_needed(self, seq: _Seq, tokens_after: int, held: int) -> int:
+    def _blocks_needed(self, tokens_after: int, held: int) -> int:
         return max(0, -(-tokens_after // self.block_size) - held)
 
     def _allocate(self, seq: _Seq, n: int) -> bool:
         """Blocks for ``n`` more tokens of ``seq`` (and hashes for the ones that become full)."""
-        needed = self._blocks_needed(seq, seq.num_computed + n, len(seq.blocks))
+        needed = self._blocks_needed(seq.num_computed + n, len(seq.blocks))
         if needed:
             if needed > self.cache.num_free:
                 return False
@@ -621,7 +625,13 @@ class EngineCore:
     def _append_output(self, seq: _Seq, new: int) -> None:
         seq.num_output += new
         full = seq.num_tokens // self.block_size
+        known = seq.req.output_block_hashes
+        prompt_blocks = seq.req.prompt_tokens // self.block_size
         while len(seq.hashes) < full:
+            index = len(seq.hashes) - prompt_blocks
+            if 0 <= index < len(known) and seq.req.lora is None:
+                seq.hashes.append(known[index])
+                continue
             parent = seq.hashes[-1] if seq.hashes else tokens.root_hash()
             seq.hashes.append(tokens.output_block_hash(parent, len(seq.hashes)))
 

@@ -91,14 +91,8 @@ class KVCache:
     def usage(self) -> float:
         return 1.0 - len(self._free) / self.num_blocks
 
-    def num_cached_blocks(self) -> int:
-        return len(self._cached)
-
     def ref_count(self, block: int) -> int:
         return self._ref[block]
-
-    def is_cached(self, block_hash: int) -> bool:
-        return block_hash in self._cached
 
     def find_prefix(self, hashes: Sequence[int], max_blocks: int) -> list[int]:
         """The cached blocks matching the longest prefix of ``hashes`` (at most ``max_blocks``)."""

@@ -56,7 +56,6 @@ class LoraSlots:
         self._gpu: OrderedDict[int, LoraAdapter] = OrderedDict()
         self.loads = 0
         self.swaps = 0
-        self.evictions = 0
 
     @property
     def active(self) -> list[LoraAdapter]:
@@ -102,8 +101,7 @@ class LoraSlots:
             self._gpu.pop(key, None)
             if len(self._cpu) >= self.max_cpu_loras:
                 oldest, _ = self._cpu.popitem(last=False)
-                if self._gpu.pop(oldest, None) is not None:
-                    self.evictions += 1
+                self._gpu.pop(oldest, None)
             self._cpu[key] = adapter
             self.loads += 1
             applied.loaded.append(adapter)
@@ -114,7 +112,6 @@ class LoraSlots:
             return
         if len(self._gpu) >= self.max_loras:
             self._gpu.popitem(last=False)
-            self.evictions += 1
         self._gpu[key] = adapter
         self.swaps += 1
         applied.swapped_in.append(adapter)

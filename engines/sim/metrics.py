@@ -104,6 +104,10 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _zero() -> float:
+    return 0.0
+
+
 class MetricsPage:
     """Renders one engine's ``/metrics`` text; build once per engine, call ``render`` per scrape."""
 
@@ -176,14 +180,18 @@ class MetricsPage:
         self._parts.append(lambda out: out.append(text))
 
     def _build(self) -> None:
+        """The page's families, in the order rendered; one the simulator has no figure for reads zero."""
+        self._engine_state()
+        self._token_counters()
+        self._request_histograms()
+        if self.core.lora_slots is not None:
+            self._parts.append(self._lora_info)
+        self._static(self._head("cache_config_info", _GAUGE, "cache_config_info") + self._cache_config_line())
+
+    def _engine_state(self) -> None:
         core = self.core
-        stats = core.stats
-
-        def zero() -> float:
-            return 0.0
-
         for name in ("estimated_flops_per_gpu", "estimated_read_bytes_per_gpu", "estimated_write_bytes_per_gpu"):
-            self._counter(name, [({}, zero)])
+            self._counter(name, [({}, _zero)])
         self._gauge("num_requests_running", [({}, lambda: core.num_running)])
         self._gauge("num_requests_waiting", [({}, lambda: core.num_waiting)])
         self._gauge(
@@ -197,17 +205,20 @@ class MetricsPage:
             "engine_sleep_state",
             [
                 ({"sleep_state": "awake"}, lambda: 1.0),
-                ({"sleep_state": "weights_offloaded"}, zero),
-                ({"sleep_state": "discard_all"}, zero),
+                ({"sleep_state": "weights_offloaded"}, _zero),
+                ({"sleep_state": "discard_all"}, _zero),
             ],
         )
         self._gauge("kv_cache_usage_perc", [({}, lambda: core.kv_cache_usage)])
+
+    def _token_counters(self) -> None:
+        stats = self.core.stats
         self._counter("prefix_cache_queries", [({}, lambda: stats.prefix_cache_queries)])
         self._counter("prefix_cache_hits", [({}, lambda: stats.prefix_cache_hits)])
         for name in ("external_prefix_cache_queries", "external_prefix_cache_hits"):
-            self._counter(name, [({}, zero)])
+            self._counter(name, [({}, _zero)])
         for name in ("mm_cache_queries", "mm_cache_hits"):
-            self._counter(name, [({}, zero)])
+            self._counter(name, [({}, _zero)])
         self._counter("num_preemptions", [({}, lambda: stats.preemptions)])
         self._counter("prompt_tokens", [({}, lambda: stats.prompt_tokens)])
         self._counter(
@@ -215,14 +226,14 @@ class MetricsPage:
             [
                 ({"source": "local_compute"}, lambda: stats.prompt_tokens_computed),
                 ({"source": "local_cache_hit"}, lambda: stats.prompt_tokens_cached),
-                ({"source": "external_kv_transfer"}, zero),
+                ({"source": "external_kv_transfer"}, _zero),
             ],
         )
         self._counter("prompt_tokens_cached", [({}, lambda: stats.prompt_tokens_cached)])
         self._counter(
             "prompt_tokens_cached_by_source",
             [({"source": "device"}, lambda: stats.prompt_tokens_cached)]
-            + [({"source": s}, zero) for s in ("host", "p2p", "disk", "external_unspecified")],
+            + [({"source": s}, _zero) for s in ("host", "p2p", "disk", "external_unspecified")],
         )
         self._counter("generation_tokens", [({}, lambda: stats.generation_tokens)])
         self._counter(
@@ -231,9 +242,12 @@ class MetricsPage:
         )
         self._counter(
             "admission_rejections",
-            [({"reason": "max_num_queued_reqs"}, zero), ({"reason": "max_num_queued_tokens"}, zero)],
+            [({"reason": "max_num_queued_reqs"}, _zero), ({"reason": "max_num_queued_tokens"}, _zero)],
             with_engine=False,
         )
+
+    def _request_histograms(self) -> None:
+        stats = self.core.stats
         for name, attr in (
             ("request_prompt_tokens", "request_prompt_tokens"),
             ("request_generation_tokens", "request_generation_tokens"),
@@ -253,9 +267,6 @@ class MetricsPage:
             ("request_prefill_kv_computed_tokens", "request_prefill_kv_computed"),
         ):
             self._histogram(name, functools.partial(operator.attrgetter(attr), stats))
-        if core.lora_slots is not None:
-            self._parts.append(self._lora_info)
-        self._static(self._head("cache_config_info", _GAUGE, "cache_config_info") + self._cache_config_line())
 
     def _lora_info(self, out: list[str]) -> None:
         out.append(self._head("lora_requests_info", _GAUGE, "lora_requests_info"))

@@ -145,6 +145,10 @@ def parse_responses(body: dict[str, Any], reply_model: str, max_model_len: int, 
     salt = body.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
         raise ApiError(400, "cache_salt must be a string", "cache_salt")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        # vLLM's model takes a string (and the reply repeats it: anything else could not be written).
+        raise ApiError(400, "user must be a string", "user")
     parsed = ParsedRequest(
         kind=RESPONSES,
         id=new_id("resp"),

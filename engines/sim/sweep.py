@@ -74,46 +74,10 @@ def run_level(
     total = num_requests or max(40, 10 * concurrency) + 2 * concurrency
     core = EngineCore(profile, enable_prefix_caching=enable_prefix_caching, seed=seed)
     rng = random.Random(f"{profile.name}/{concurrency}/{seed}")
-    bs = core.block_size
-    shared_blocks = shared_prefix_len // bs
-    records: dict[str, _Record] = {}
-    prompts: list[tuple[int, list[int]]] = []
-    issued = 0
-
-    def draw(mean: int) -> int:
-        return max(1, round(mean * rng.uniform(1.0 - spread, 1.0 + spread)))
-
-    def new_request(now: float) -> tuple[float, EngineRequest]:
-        nonlocal issued
-        index = issued
-        issued += 1
-        prompt = min(max(draw(input_len), shared_prefix_len + 1), core.max_model_len - output_len * 2)
-        out = min(draw(output_len), core.max_model_len - prompt - 1)
-        ids = list(range(shared_blocks)) + [(index + 1) << 32 | j for j in range(prompt // bs - shared_blocks + 1)]
-        hashes = block_hashes_for_trace(ids, prompt, trace_block_tokens=bs, block_size=bs)
-        prompts.append((prompt, hashes))
-        rid = f"r{index}"
-        records[rid] = _Record(index, now, out)
-        # The API server's share reaches the scheduler later; TTFT counts from the send.
-        ready = now + profile.timing.request_s(prompt)
-        return ready, EngineRequest(rid, prompt, hashes, max_tokens=out, ignore_eos=True)
-
-    def on_output(now: float, out: StepOutput) -> list[tuple[float, EngineRequest]]:
-        rec = records[out.request_id]
-        if out.first_token:
-            rec.first = now
-        elif rec.last is not None:
-            rec.gaps.append(now - rec.last)
-        rec.last = now
-        if out.finished:
-            rec.done = now
-            if issued < total:
-                return [new_request(now)]
-        return []
-
-    first = [new_request(0.0) for _ in range(min(concurrency, total))]
-    trace = virtual.run(core, first, on_output)
-
+    loop = _ClosedLoop(core, profile, rng, total, input_len, output_len, spread, shared_prefix_len)
+    first = [loop.new_request(0.0) for _ in range(min(concurrency, total))]
+    trace = virtual.run(core, first, loop.on_output)
+    records = loop.records
     measured = [r for r in records.values() if concurrency <= r.index < total - concurrency] or list(records.values())
     window_start = min(r.arrival for r in measured)
     window_end = max(r.done or 0.0 for r in measured)
@@ -128,6 +92,8 @@ def run_level(
     )
     ttft_p99 = percentile(ttfts, 99)
     itl_p99 = percentile(gaps, 99)
+    span = window_end - window_start
+    hit_rate = round(core.stats.prefix_cache_hits / max(1, core.stats.prefix_cache_queries), 4)
     return {
         "concurrency": concurrency,
         "input_len": input_len,
@@ -140,21 +106,73 @@ def run_level(
         "ttft_p99_ms": round(ttft_p99, 2),
         "itl_p50_ms": round(percentile(gaps, 50), 2),
         "itl_p99_ms": round(itl_p99, 2),
-        "output_tokens_per_s": round(tokens / (window_end - window_start), 1) if window_end > window_start else 0.0,
+        "output_tokens_per_s": round(tokens / span, 1) if span > 0 else 0.0,
         "slo_attainment": round(within / len(measured), 4),
         "meets_slo": ttft_p99 <= ttft_slo_ms and itl_p99 <= itl_slo_ms,
-        "prefix_cache_hit_rate": round(core.stats.prefix_cache_hits / max(1, core.stats.prefix_cache_queries), 4),
+        "prefix_cache_hit_rate": hit_rate,
         # The cluster metrics of ``gateway sim`` for this one-engine "cluster": routing has no choice to
         # make, so the pooled-cache ceiling is this engine's own cache.
         "rejected": 0,
-        "prefix_hit_ratio": round(core.stats.prefix_cache_hits / max(1, core.stats.prefix_cache_queries), 4),
-        "oracle_hit_ratio": round(lru_hit_ratio(prompts, core.profile.num_blocks, bs), 4),
-        "infinite_hit_ratio": round(lru_hit_ratio(prompts, math.inf, bs), 4),
+        "prefix_hit_ratio": hit_rate,
+        "oracle_hit_ratio": round(lru_hit_ratio(loop.prompts, core.profile.num_blocks, core.block_size), 4),
+        "infinite_hit_ratio": round(lru_hit_ratio(loop.prompts, math.inf, core.block_size), 4),
         "load_imbalance": 1.0,
-        "goodput_rps": round(within / (window_end - window_start), 4) if window_end > window_start else 0.0,
+        "goodput_rps": round(within / span, 4) if span > 0 else 0.0,
         "preemptions": core.stats.preemptions,
         "virtual_seconds": round(trace.end, 3),
     }
+
+
+@dataclass(slots=True)
+class _ClosedLoop:
+    """The clients of one level: each request drawn as it is sent, the next sent when one finishes,
+    until ``total`` were sent; every request's timings in ``records``."""
+
+    core: EngineCore
+    profile: Profile
+    rng: random.Random
+    total: int
+    input_len: int
+    output_len: int
+    spread: float
+    shared_prefix_len: int
+    records: dict[str, _Record] = field(default_factory=dict)
+    prompts: list[tuple[int, list[int]]] = field(default_factory=list)
+    issued: int = 0
+
+    def _draw(self, mean: int) -> int:
+        return max(1, round(mean * self.rng.uniform(1.0 - self.spread, 1.0 + self.spread)))
+
+    def new_request(self, now: float) -> tuple[float, EngineRequest]:
+        core, bs = self.core, self.core.block_size
+        index = self.issued
+        self.issued += 1
+        prompt = min(
+            max(self._draw(self.input_len), self.shared_prefix_len + 1), core.max_model_len - self.output_len * 2
+        )
+        out = min(self._draw(self.output_len), core.max_model_len - prompt - 1)
+        shared_blocks = self.shared_prefix_len // bs
+        ids = list(range(shared_blocks)) + [(index + 1) << 32 | j for j in range(prompt // bs - shared_blocks + 1)]
+        hashes = block_hashes_for_trace(ids, prompt, trace_block_tokens=bs, block_size=bs)
+        self.prompts.append((prompt, hashes))
+        rid = f"r{index}"
+        self.records[rid] = _Record(index, now, out)
+        # The API server's share reaches the scheduler later; TTFT counts from the send.
+        ready = now + self.profile.timing.request_s(prompt)
+        return ready, EngineRequest(rid, prompt, hashes, max_tokens=out, ignore_eos=True)
+
+    def on_output(self, now: float, out: StepOutput) -> list[tuple[float, EngineRequest]]:
+        rec = self.records[out.request_id]
+        if out.first_token:
+            rec.first = now
+        elif rec.last is not None:
+            rec.gaps.append(now - rec.last)
+        rec.last = now
+        if out.finished:
+            rec.done = now
+            if self.issued < self.total:
+                return [self.new_request(now)]
+        return []
 
 
 def run_sweep(

@@ -12,8 +12,11 @@ Rules:
   a growing delay and is never failed for it; a line whose engine failed (5xx) is tried
   ``max_attempts`` times; any other answer is its result.
 - A batch finalises when no line is pending or in flight; a cancelled or expired one when
-  no line is in flight (the rest are abandoned). Output files have deterministic ids, so a
-  finalisation retried by another replica rewrites the same files.
+  no line is in flight (the rest are abandoned). A cancelled batch does not wait for its lines:
+  each replica stops the ones it runs (queued or streaming) as soon as it sees the batch
+  ``cancelling`` and gives their claims back, so a cancel completes whatever its lines wait for.
+  Output files have deterministic ids, so a finalisation retried by another replica rewrites
+  the same files.
 - Every batch reaches a terminal state. Only an unreachable store is waited out; any other
   exception while a batch is advanced, validated or finalised fails that batch with
   ``errors`` saying so (``batch_step_failed``), and an exception while a line runs fails
@@ -105,6 +108,8 @@ class BatchRunner:
         self.claimant = uuid.uuid4().hex[:12]
         self._wake = asyncio.Event()
         self._held: dict[str, set[int]] = {}
+        self._running: dict[tuple[str, int], asyncio.Task[None]] = {}  # lines inside the request path
+        self._stopping: set[str] = set()  # cancelled batches whose lines here are being stopped
         self._attempts: dict[tuple[str, int], int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._steps: set[str] = set()
@@ -141,11 +146,12 @@ class BatchRunner:
     def wake(self) -> None:
         self._wake.set()
 
-    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+    def _spawn(self, coro: Awaitable[None], name: str) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
         task.set_name(name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -164,8 +170,10 @@ class BatchRunner:
             except Exception:
                 log.error("batch_tick_failed", exc_info=True)
             self._wake.clear()
+            # asyncio.timeout, not wait_for, which can lose the cancellation that stops this loop.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.poll_s)
+                async with asyncio.timeout(self.settings.poll_s):
+                    await self._wake.wait()
 
     async def _tick(self) -> None:
         revoked: dict[str, bool] = {}
@@ -234,6 +242,12 @@ class BatchRunner:
                     )
                     self.wake()
         elif record.status in (FINALIZING, CANCELLING):
+            if record.status == CANCELLING and record.id in self._held and record.id not in self._stopping:
+                self._stopping.add(record.id)
+                for (batch_id, _), task in self._running.items():
+                    if batch_id == record.id:
+                        task.cancel()
+                log.info("batch_lines_stopped", batch_id=record.id, lines=len(self._held[record.id]))
             counts = await self.store.line_counts(record.id)
             if counts.live == 0 and await self.store.lease_batch(
                 record.id, [FINALIZING, CANCELLING], self.claimant, lease
@@ -326,7 +340,19 @@ class BatchRunner:
         try:
             try:
                 call = LineCall(record.endpoint, claim.body, record.owner, line_id, record.id, claim.custom_id)
-                answer = await self.execute(call)
+                task = asyncio.current_task()
+                assert task is not None
+                self._running[key] = task
+                try:
+                    answer = await self.execute(call)
+                finally:
+                    del self._running[key]
+            except asyncio.CancelledError:
+                if record.id not in self._stopping:
+                    raise
+                # Its batch was cancelled: the line is abandoned, its claim given back at once.
+                await self._persist(lambda: self.store.defer_line(record.id, self.claimant, claim.index, 0))
+                return
             except Exception:
                 # The gateway's own request path broke on this line: running it again would break again.
                 log.error("batch_line_crashed", batch_id=record.id, line=claim.index, exc_info=True)
@@ -357,6 +383,7 @@ class BatchRunner:
                 held.discard(claim.index)
                 if not held:
                     del self._held[record.id]
+                    self._stopping.discard(record.id)
             self.wake()
 
     async def _persist(self, write: Callable[[], Awaitable[T]]) -> T:

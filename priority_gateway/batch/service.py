@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
 from priority_gateway.batch.runner import BatchRunner, Executor
@@ -25,6 +25,7 @@ from priority_gateway.batch.settings import BatchSettings
 from priority_gateway.errors import ApiError, excerpt
 from priority_gateway.metrics import GatewayMetrics
 from priority_gateway.store import Blobs, DirectoryBlobs, Store
+from priority_gateway.store.base import BLOB_CHUNK
 from priority_gateway.store.records import (
     CANCELLING,
     IN_PROGRESS,
@@ -166,12 +167,26 @@ class BatchService:
             raise _not_found("File", file_id)
         return record
 
-    async def file_content(self, owner: str, file_id: str) -> bytes:
-        await self.get_file(owner, file_id)
-        data = await self.blobs.get_blob(file_id)
-        if data is None:
+    async def file_content(self, owner: str, file_id: str) -> tuple[int, AsyncIterator[bytes]]:
+        """A file's length and its body in pieces of ``BLOB_CHUNK`` bytes, read from the store as they
+        are sent: a large file is never held whole (404 now when the file or its body is gone)."""
+        record = await self.get_file(owner, file_id)
+        first = await self.blobs.read_blob(file_id, 0, BLOB_CHUNK)
+        if first is None:
             raise _not_found("File", file_id)
-        return data
+        return record.bytes, self._pieces(file_id, first, record.bytes)
+
+    async def _pieces(self, file_id: str, first: bytes, size: int) -> AsyncIterator[bytes]:
+        piece, sent = first, 0
+        while True:
+            yield piece
+            sent += len(piece)
+            if sent >= size:
+                return
+            got = await self.blobs.read_blob(file_id, sent, BLOB_CHUNK)
+            if not got:
+                raise RuntimeError(f"file {file_id} lost its body after {sent} of {size} bytes")
+            piece = got
 
     async def delete_file(self, owner: str, file_id: str) -> None:
         await self.get_file(owner, file_id)

@@ -24,6 +24,9 @@ Rules:
   endpoint can say no.
 - Open loop: each request is sent at its arrival time whatever is in flight; all are measured,
   and how late the client sent each one is kept (``lag``) to show the client kept up.
+- A run of identical client errors (the same 4xx other than 429, ``ErrorRun.limit`` requests in a
+  row with nothing else between) stops the run with ``ClientErrors``: the endpoint will answer
+  every request so (a wrong ``--model``, a missing key), and measuring that only floods it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,40 @@ from priority_gateway.upstream.h1 import ConnectError, ReadTimeout, UpstreamErro
 
 now = time.perf_counter
 MAX_RETRY_AFTER_S = 60.0
+MESSAGE_CHARS = 200
+
+
+class ClientErrors(Exception):
+    """Every request of a run in a row got the same client error."""
+
+    def __init__(self, key: str, count: int, message: str | None) -> None:
+        super().__init__(f"{count} requests in a row answered {key}" + (f" ({message})" if message else ""))
+        self.key = key
+        self.count = count
+        self.message = message
+
+
+class ErrorRun:
+    """Counts identical client errors in a row; ``observe`` raises ``ClientErrors`` at ``limit`` (0: never)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._key: str | None = None
+        self._count = 0
+        self.stopped: ClientErrors | None = None
+
+    def observe(self, sample: Sample) -> None:
+        if self.stopped is not None:  # every client stops on the same run
+            raise self.stopped
+        key = sample.error
+        if key is None or key[:1] != "4":  # refusals (429) are sample.refused, not errors
+            self._key, self._count = None, 0
+            return
+        self._count = self._count + 1 if key == self._key else 1
+        self._key = key
+        if self.limit and self._count >= self.limit:
+            self.stopped = ClientErrors(key, self._count, sample.message)
+            raise self.stopped
 
 
 @dataclass(slots=True, eq=False)
@@ -58,6 +95,8 @@ class Sample:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     error: str | None = None
+    message: str | None = None
+    """The endpoint's error message, for an error with one (its first ``MESSAGE_CHARS`` characters)."""
     refused: str | None = None
     retry_after: float | None = None
     lag: float = 0.0
@@ -105,6 +144,12 @@ def _error_key(prefix: str, payload: object) -> str:
     if code is None or str(code) == prefix:
         code = error.get("type")  # vLLM puts the status in ``code``; the type says more
     return f"{prefix} {code}" if code is not None else prefix
+
+
+def _error_message(payload: object) -> str | None:
+    error = payload.get("error") if isinstance(payload, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message[:MESSAGE_CHARS] if isinstance(message, str) else None
 
 
 class _EventReader:
@@ -164,7 +209,7 @@ async def stream_one(target: Target, spec: RequestSpec, sample: Sample) -> None:
             if response.status == 429:
                 sample.refused, sample.retry_after = key, _retry_after(response.header(b"retry-after"))
             else:
-                sample.error = key
+                sample.error, sample.message = key, _error_message(payload)
             return
         reader = _EventReader()
         while (data := await response.next_chunk()) is not None:
@@ -199,7 +244,7 @@ async def closed_loop(
     workload: SyntheticWorkload,
     concurrency: int,
     duration: float,
-    on_done: Callable[[Sample], None] = lambda s: None,
+    on_done: Callable[[Sample], None] = lambda _: None,
     ramp_up: float = 0.0,
 ) -> list[Sample]:
     """``concurrency`` clients back to back for ``duration`` seconds (see the module's rules)."""
@@ -242,25 +287,35 @@ async def closed_loop(
             task.cancel()
         await asyncio.gather(*clients, return_exceptions=True)
     for task in clients:
-        if not task.cancelled() and task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            raise error
     return samples
 
 
 async def open_loop(
-    target: Target, arrivals: Sequence[TraceArrival], on_done: Callable[[Sample], None] = lambda s: None
+    target: Target, arrivals: Sequence[TraceArrival], on_done: Callable[[Sample], None] = lambda _: None
 ) -> list[Sample]:
     """Send each request at its arrival time (seconds after the start)."""
     loop = asyncio.get_running_loop()
     samples: list[Sample] = []
     running: set[asyncio.Task[None]] = set()
+    failed: list[BaseException] = []
     start = now()
+
+    def ended(task: asyncio.Task[None]) -> None:
+        running.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            failed.append(error)
 
     async def one(spec: RequestSpec, sample: Sample) -> None:
         await stream_one(target, spec, sample)
         on_done(sample)
 
     for arrival in arrivals:
+        if failed:
+            break
         wait = start + arrival.arrival - now()
         if wait > 0:
             await asyncio.sleep(wait)
@@ -270,7 +325,12 @@ async def open_loop(
         samples.append(sample)
         task = loop.create_task(one(spec, sample))
         running.add(task)
-        task.add_done_callback(running.discard)
+        task.add_done_callback(ended)
+    if failed:
+        for task in list(running):
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        raise failed[0]
     if running:
         await asyncio.gather(*running)
     return samples

@@ -27,8 +27,11 @@ PREFIX = "GATEWAY__"
 SEPARATOR = "__"
 
 
-def overrides(schema: type, env: Mapping[str, str]) -> list[tuple[list[str], Raw]]:
-    """Each ``GATEWAY__*`` variable as (key path, value), its path checked against ``schema``."""
+def overrides(
+    schema: type, env: Mapping[str, str], moved: Mapping[str, str] | None = None
+) -> list[tuple[list[str], Raw]]:
+    """Each ``GATEWAY__*`` variable as (key path, value), its path checked against ``schema``; a path
+    under a key that ``moved`` (old dotted key -> new) is checked at the new place."""
     found = []
     for name, value in sorted(env.items()):
         if not name.startswith(PREFIX):
@@ -36,7 +39,12 @@ def overrides(schema: type, env: Mapping[str, str]) -> list[tuple[list[str], Raw
         path = name[len(PREFIX) :].lower().split(SEPARATOR)
         if not all(path):
             raise ConfigError("expected GATEWAY__<SECTION>__<KEY>, with __ between levels", source=name)
-        check_path(schema, path, name)
+        checked = path
+        for old, new in (moved or {}).items():
+            parts = old.split(".")
+            if path[: len(parts)] == parts:
+                checked = [*new.split("."), *path[len(parts) :]]
+        check_path(schema, checked, name)
         found.append((path, Raw(value, name)))
     return found
 

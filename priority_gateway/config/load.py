@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from priority_gateway import log
 from priority_gateway.config import env as environment
 from priority_gateway.config.schema import ConfigError, Raw, build
 from priority_gateway.config.sections import Config
@@ -32,12 +33,32 @@ def load_config(
     if path is not None:
         source = str(path)
         _overlay(data, read_file(Path(path)))
-    environment.apply(data, environment.overrides(Config, os.environ if env is None else env))
+    environment.apply(data, environment.overrides(Config, os.environ if env is None else env, MOVED))
     environment.apply(data, [(key.split("."), value) for key, value in (flags or {}).items() if value is not None])
+    for old, new in MOVED.items():
+        _move(data, old, new)
     try:
         return parse_config(data, pools_required=pools_required)
     except ConfigError as exc:
         raise exc.from_source(source) if source else exc from None
+
+
+MOVED = {"prefix.share": "fleet"}
+"""Keys that moved, from their older place to their new one: still read there, with a warning."""
+
+
+def _move(data: dict[str, Any], old: str, new: str) -> None:
+    *parents, leaf = old.split(".")
+    section: Any = data
+    for name in parents:
+        section = section.get(name) if isinstance(section, dict) else None
+    if not isinstance(section, dict) or leaf not in section:
+        return
+    value = section.pop(leaf)
+    if isinstance(value, Mapping) and isinstance(data.get(new), Mapping):
+        value = {**value, **data[new]}  # what is set at the new place wins
+    data[new] = value
+    log.warning("config_key_moved", key=old, now=new, effect=f"read as {new}; write it there")
 
 
 def parse_config(data: Mapping[str, Any], *, pools_required: bool = True) -> Config:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 from annotated_types import Ge, Gt, Interval
 
 from priority_gateway.batch.settings import BatchSettings
+from priority_gateway.config.limits import ClientLimits
 from priority_gateway.config.schema import Check, ConfigError, starts_with
 from priority_gateway.core.classes import BATCH, CLASS_RANK, INTERACTIVE, Budget, ClassSpec, ClassTable
 from priority_gateway.core.dispatcher import AdmissionSettings
@@ -23,11 +24,13 @@ from priority_gateway.core.prefix import DEFAULT_BLOCK_CHARS
 from priority_gateway.core.prefix_policy import PrefixAffinity
 from priority_gateway.core.queue import DEFAULT_DECODE_TOKENS
 from priority_gateway.core.request import RouteRequest
-from priority_gateway.limits import ClientLimits
+from priority_gateway.core.sessions import SessionSettings
+from priority_gateway.sessions import DEFAULT_SOURCES, SessionSource
 
 # The core's own defaults: the configuration refers to them rather than repeating them.
 _LIMITS = LimitSettings()
 _ADMISSION = AdmissionSettings()
+_SESSIONS = SessionSettings()
 _AFFINITY: dict[str, Any] = {name: p.default for name, p in inspect.signature(PrefixAffinity).parameters.items()}
 _REQUEST: dict[str, Any] = {f.name: f.default for f in fields(RouteRequest)}
 
@@ -45,7 +48,8 @@ KV_EVENTS_ENDPOINT = starts_with(
     "tcp://", "ipc://", "engine-port:", expected="tcp://HOST:PORT, ipc://PATH or engine-port:PORT"
 )
 STORE_URL = Check(
-    lambda url: url == "memory" or url.startswith(("redis://", "rediss://", "unix://")), "memory or a redis:// URL"
+    lambda url: url in ("sqlite", "memory") or url.startswith(("sqlite://", "redis://", "rediss://", "unix://")),
+    "sqlite, sqlite://PATH, memory or a redis:// URL",
 )
 
 
@@ -62,6 +66,9 @@ class ListenConfig:
     plain HTTP, for a proxy or ingress in front that terminates TLS."""
     ssl_keyfile: str | None = None
     """The private key of ``ssl_certfile`` (PEM)."""
+    shutdown_grace_s: Annotated[float, NotNegative] = 10.0
+    """On SIGINT or SIGTERM: how long requests in flight may go on before the gateway cuts them and
+    stops (every later step of the shutdown is bounded too)."""
 
     def validated(self) -> ListenConfig:
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
@@ -176,6 +183,16 @@ class PoolConfig:
     max_loaded_adapters: Annotated[int, Ge(1)] = 8
     """Adapters of ``lora_adapters`` one engine keeps loaded; one more unloads the least recently used
     that has no request in flight there."""
+    max_num_batched_tokens: Annotated[int, Ge(1)] | None = None
+    """The engines' ``--max-num-batched-tokens`` (their token budget per step, which chunks prefills):
+    given, the ``prefix`` policy predicts the stall each prompt's prefill makes on each engine and keeps
+    an interactive request off engines where it would break the ITL budget of the requests decoding
+    there (``prefix.policy.prefill_hold_s``); null: no prediction."""
+    shares_hardware_with: str | None = None
+    """Another pool whose engines run on the same GPUs as this one's (e.g. a batch pool beside the
+    interactive pool on one device): this pool's engines then learn their concurrency limits from that
+    pool's inter-token gaps, against that pool's ITL budget, so its steps never stall the other's
+    decoding past its budget; null: the pools share nothing."""
     api_key: str | None = None
     """Bearer token the engines require (``vllm serve --api-key``)."""
     ca_file: str | None = None
@@ -276,7 +293,8 @@ class ClassesConfig:
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
     """SLO admission: every engine gets a concurrency limit found by AIMD on the ITL p99 the gateway
-    measures; requests beyond it wait in their pool's queue."""
+    measures; requests beyond it wait in their pool's queue, and a request with a TTFT budget starts
+    on an engine only while the prefill queued there lets its first token come in time."""
 
     enabled: bool = _ADMISSION.enabled
     """Off: every request goes to an engine at once (routing only, no limits, no queue)."""
@@ -295,6 +313,9 @@ class AdmissionConfig:
     shrinks a limit."""
     min_samples: Annotated[int, Ge(1)] = _LIMITS.min_samples
     """Samples a window needs before its p99 is trusted."""
+    growth: Annotated[float, Interval(gt=0, le=4)] = _LIMITS.growth
+    """Share of the limit a step up adds while the level's ITL p99 is far within the budget (one step
+    at a time near the budget and up to a level once found over it)."""
     recover_s: Seconds = _LIMITS.recover_s
     """A limit below ``initial_limit`` climbs back one step each time this passes without a shrink and
     without the next level found over budget (an idle engine's limit returns to the probe level)."""
@@ -329,10 +350,65 @@ class TenantsConfig:
     """Weighted fair queueing inside each class, charged in predicted prompt + decode tokens; off: one
     line per class by deadline, whoever queued it."""
     decode_tokens: Annotated[int, Ge(0)] = DEFAULT_DECODE_TOKENS
-    """Decode tokens charged for a request without ``max_tokens``."""
+    """Decode tokens charged for a request without ``max_tokens`` (in fair queueing, and reserved at
+    admission under its key's tokens-per-minute limit)."""
     metrics_limit: Annotated[int, Ge(0)] = 100
     """Tenants that get their own label in ``gateway_tenant_*`` metrics (the first seen); the rest
     are counted under ``tenant="other"``."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionsConfig:
+    """Agent sessions and conversations: a request that names one (a header or body field below) is a
+    turn of it. A turn that comes within its session's learned pause (the tool call between two model
+    calls) continues it: it is admitted ahead of new sessions' first turns in its tenant's line of its
+    class (at most ``first_burst`` in a row while another waits), and while the session pauses its
+    context's KV cache counts as held on its engine, so cold prompts go to engines with room rather than
+    evict it (the ``prefix`` policy's ``retention_weight``), never more than the engine's free KV cache.
+    Replicas on a fleet tell each other what their paused sessions hold. Session ids are bounded (long
+    or non-ASCII values are hashed), scoped by tenant, and never a metric label."""
+
+    enabled: bool = _SESSIONS.enabled
+    """Recognise sessions (off: no request is a session's turn; ``X-Session-ID`` pins nothing either)."""
+    sources: list[SessionSource] = field(default_factory=lambda: list(DEFAULT_SOURCES))
+    """Where a request's session id is read, first usable one wins: headers ``x-session-id``,
+    ``x-session-affinity``, ``session-id``, ``x-claude-code-session-id``,
+    ``x-gateway-inference-fairness-id`` (llm-d); body fields ``prompt_cache_key``, ``conversation``
+    (Responses API, a string or an object with ``id``), ``previous_response_id`` (each turn of a chain
+    names another response: it groups a turn with its retries, not a chain), ``safety_identifier``,
+    ``user`` (an end user: all their sessions become one). Leave a source out to ignore it."""
+    max_sessions: Annotated[int, Ge(1)] = _SESSIONS.max_sessions
+    """Sessions remembered at once (the least recently active forgotten first, with its hold)."""
+    default_hold_s: Annotated[float, Positive] = _SESSIONS.default_hold_s
+    """How long a session that has not paused yet is taken to hold its KV cache after a turn."""
+    min_hold_s: Annotated[float, NotNegative] = _SESSIONS.min_hold_s
+    """Shortest hold, whatever the session's learned pause."""
+    max_hold_s: Annotated[float, Positive] = _SESSIONS.max_hold_s
+    """Longest hold: a session quiet longer than this is a new one when it comes back."""
+    gap_factor: Annotated[float, Positive] = _SESSIONS.gap_factor
+    """A hold lasts this many times the session's learned pause (an EWMA of its pauses)."""
+    gap_weight: Annotated[float, Interval(gt=0, le=1)] = _SESSIONS.gap_weight
+    """Weight of the newest pause in the learned one."""
+    first_burst: Annotated[int, Ge(0)] = _SESSIONS.first_burst
+    """Continuing turns that may start in a row while another request of the same tenant and class
+    waits; then the oldest of those starts (0: continuing turns get no precedence)."""
+
+    def validated(self) -> SessionsConfig:
+        if self.min_hold_s > self.max_hold_s:
+            raise ConfigError(f"must be <= max_hold_s ({self.max_hold_s:g}), got {self.min_hold_s:g}", ["min_hold_s"])
+        return self
+
+    def settings(self) -> SessionSettings:
+        return SessionSettings(
+            self.enabled,
+            self.max_sessions,
+            self.default_hold_s,
+            self.min_hold_s,
+            self.max_hold_s,
+            self.gap_factor,
+            self.gap_weight,
+            self.first_burst,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +439,7 @@ class PrefixPolicyConfig:
     default_capacity_tokens: Annotated[int, Ge(1)] = _AFFINITY["default_capacity_tokens"]
     """Cache capacity assumed for an engine until its ``vllm:cache_config_info`` is scraped."""
     max_sessions: Annotated[int, Ge(1)] = _AFFINITY["max_sessions"]
-    """Sessions (``X-Session-ID``) pinned to an engine that are remembered (least recent dropped first)."""
+    """Sessions (``sessions.sources``) pinned to an engine that are remembered (least recent dropped first)."""
     honesty_share: Annotated[float, Positive] = _AFFINITY["honesty_share"]
     """Prompt tokens, as a share of an engine's cache, over which predicted hits are compared with
     the engine's real prefix cache counters before its modelled capacity is corrected."""
@@ -372,42 +448,64 @@ class PrefixPolicyConfig:
     ``vllm:lora_requests_info``) while one has room, preferring one that holds the adapter."""
     lora_swap_tokens: Annotated[float, NotNegative] = _AFFINITY["lora_swap_tokens"]
     """Cost, in prompt tokens, of an engine bringing the request's adapter into a GPU slot."""
+    prefill_hold_s: Annotated[float, NotNegative] = _AFFINITY["prefill_hold_s"]
+    """Pools with ``max_num_batched_tokens``: how long an interactive request that no engine can take
+    without its prefill breaking the ITL budget there may wait in the queue for one that can (0: never;
+    it goes where it breaks the fewest gaps). A pool that ``accept_overflow``s takes it at once instead
+    (measured: 0.02 with a batch pool beside, ``benchmarks/results/prefill_aware``). Needs admission on."""
+    retention_weight: Annotated[float, NotNegative] = _AFFINITY["retention_weight"]
+    """Paused agent sessions' KV cache counts as held (``sessions``): each held token a request would
+    evict on an engine costs this many times ``cache_weight`` there (0: holds are not weighed)."""
+    lower_tier_weight: Annotated[float, Interval(ge=0, le=1)] = _AFFINITY["lower_tier_weight"]
+    """Precise mode: a prompt token an engine holds only in a lower tier (CPU, vLLM's KV offloading, KV
+    events with ``medium``) counts this share of a GPU hit: loading it back costs less than computing it."""
 
 
 @dataclass(frozen=True, slots=True)
-class RoutingShareConfig:
-    """Replicas on a Redis ``store`` tell each other what they routed, through a Redis pub/sub
-    channel: which engine got each request (with the prompt's block hashes in approximate mode) and
-    their own in-flight, pending prefill and concurrency limit per engine, and what their requests'
-    inter-token gaps showed (one replica learns each engine's limit from everyone's), so every replica's
-    prefix index, view of engine load and admission cover the whole fleet's traffic; with fair
-    queueing also their tenants' requests per pool, so tenants' shares are the fleet's. Never on a
-    request's path; while the channel is down each replica routes on its own knowledge
-    (``gateway_routing_share_up`` 0), admits its safe share and counts only its own requests in
-    tenants' shares. With ``store: memory`` there is one replica and nothing to share."""
+class FleetConfig:
+    """Replicas on a Redis ``store`` act as one fleet through a Redis pub/sub channel: every few ms each
+    tells the others which engine got each request (with the prompt's block hashes in approximate
+    mode), its own in-flight requests, pending prefill, concurrency limit and claim on each engine's
+    slots, what its requests' inter-token gaps showed (one replica, the lowest id, learns each engine's
+    limit from everyone's), and, with fair queueing, its tenants' requests per pool. So every replica's
+    prefix index, view of engine load, admission (no engine ever runs more than its limit, whatever
+    replica started what) and tenants' shares cover the whole fleet. Never on a request's path; while
+    the channel is down each replica routes on its own knowledge (``gateway_routing_share_up`` 0),
+    admits its safe share of every limit and counts only its own requests in tenants' shares. With
+    ``store: sqlite`` or ``memory`` there is one replica and nothing to share. (Read from ``prefix.share`` too, the
+    older place of this section.)"""
 
     enabled: bool = True
-    """Share routing with the other replicas when the store is Redis."""
+    """Act as one fleet with the other replicas when the store is Redis."""
     channel: str = "gateway:routing"
     """Redis pub/sub channel; replicas routing to the same engines use the same one."""
+    secret: str | None = None
+    """Shared secret of the fleet: every batch is signed with it (HMAC-SHA256) and only batches signed
+    with it are heard, so nobody who can publish on the channel can lower limits or fill engines. Set
+    it from the environment (``GATEWAY__FLEET__SECRET``) or ``secret_file``, the same on every replica;
+    null: batches are unsigned (then keep the channel to the gateways: Redis ACLs, network policy)."""
+    secret_file: str | None = None
+    """With ``secret`` unset: a file holding the fleet's secret (e.g. a mounted Kubernetes Secret)."""
     interval_s: Annotated[float, Interval(gt=0, le=1)] = 0.005
-    """How often a replica sends what it routed since its last batch."""
+    """How often a replica sends what changed since its last batch."""
     full_s: Annotated[float, Interval(gt=0, le=60)] = 1.0
-    """How often a replica sends all its pending prefill (also its heartbeat)."""
+    """How often a replica sends everything (also its heartbeat); the safe share ends this long after
+    the channel works again."""
     silent_s: Annotated[float, Interval(gt=0, le=600)] = 3.0
     """A replica not heard from this long no longer counts (it stopped, or the channel broke)."""
     max_pending: Annotated[int, Ge(1)] = 10_000
     """Facts kept for the next batch at most; older ones are dropped when the channel cannot keep up."""
     replicas_window_s: Annotated[float, Interval(gt=0, le=3600)] = 30.0
-    """Admission across replicas: while the channel is down each replica admits at most
-    ``limit / replicas`` on every engine, counting the replicas heard within this window before it
-    broke (``gateway_admission_safe_share``)."""
+    """While the channel is down each replica admits at most ``limit / replicas`` on every engine,
+    counting the replicas heard within this window before it broke (``gateway_admission_safe_share``)."""
 
-    def validated(self) -> RoutingShareConfig:
+    def validated(self) -> FleetConfig:
         if not self.channel:
             raise ConfigError("must not be empty", ["channel"])
         if self.silent_s <= self.full_s:
             raise ConfigError(f"must be longer than full_s ({self.full_s:g}), got {self.silent_s:g}", ["silent_s"])
+        if self.secret is not None and len(self.secret) < 16:
+            raise ConfigError("must be at least 16 characters (e.g. openssl rand -hex 32)", ["secret"])
         return self
 
 
@@ -421,7 +519,6 @@ class PrefixConfig:
     """Tokens one block stands for when predicting cached tokens in guess mode (vLLM's KV block
     size; precise mode reads the engines' own)."""
     policy: PrefixPolicyConfig = field(default_factory=PrefixPolicyConfig)
-    share: RoutingShareConfig = field(default_factory=RoutingShareConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,7 +543,9 @@ class ModelsConfig:
     aliases: dict[str, str | list[AliasTarget]] = field(default_factory=dict)
     """Public name -> served name (``chat: llama-3.1-8b``), or a weighted split
     (``chat: [{model: a, weight: 90}, {model: b, weight: 10}]``, smooth weighted round robin). The
-    engine receives the served name in ``model``; the client gets the public name back."""
+    engine receives the served name in ``model``; the client gets the public name back. Every
+    served name must be declared by a pool (``pools.<name>.model``, ``models`` or ``lora_adapters``);
+    a request for one that no engine lists gets 404 ``model_not_found`` at once."""
     engine_header: bool = True
     """Answer with ``x-gateway-engine``: an opaque id of the engine that served the request (a hash
     of its URL), so operators and tests see placement without reading ``/metrics``."""
@@ -466,7 +565,8 @@ class KeysConfig:
     """API keys (``gateway keys``): where they are kept and when they are required."""
 
     file: str | None = None
-    """With ``store: memory``: a JSON file that keeps the keys across restarts (one replica only)."""
+    """With ``store: memory`` or ``sqlite``: a JSON file that keeps the keys instead of the store (one
+    replica only)."""
     admin: str | None = None
     """Bearer secret of the ``/admin/keys`` API; null: the admin API is off (unless ``admin_file`` is
     set). Set it from the environment (``GATEWAY__KEYS__ADMIN``), not in a file."""
@@ -490,9 +590,16 @@ class Config:
     command-line options; every key below has a default except ``pools``."""
 
     listen: ListenConfig = field(default_factory=ListenConfig)
-    store: Annotated[str, STORE_URL] = "memory"
-    """Shared state (queued batch lines, files, keys, rate windows): ``memory`` (one replica, lost at
-    exit) or ``redis://HOST:PORT/DB`` (``rediss://``, ``unix://``), shared by every replica."""
+    store: Annotated[str, STORE_URL] = "sqlite"
+    """State (batch jobs and their lines, files, keys, rate windows): ``sqlite`` (one node, kept in
+    ``data_dir``/gateway.db across restarts; ``sqlite://PATH`` for another file), ``memory`` (one
+    replica, lost at exit: for tests) or ``redis://HOST:PORT/DB`` (``rediss://``, ``unix://``), shared
+    by every replica; a Redis URL's query may size the replica's connection pool:
+    ``?max_connections=128&timeout=5`` (the defaults: a call waits this many seconds for a free
+    connection, then gets 503 ``store_busy``)."""
+    data_dir: str | None = None
+    """Where ``store: sqlite`` keeps its file: default ``$XDG_STATE_HOME/priority-gateway``, else
+    ``~/.local/state/priority-gateway`` (the container image: ``/var/lib/gateway``)."""
     max_body_bytes: Annotated[int, Positive] | None = None
     """The older spelling of ``limits.max_body_bytes``, read when that is not set."""
     log_level: LogLevel = "info"
@@ -507,7 +614,9 @@ class Config:
     classes: ClassesConfig = field(default_factory=ClassesConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     tenants: TenantsConfig = field(default_factory=TenantsConfig)
+    sessions: SessionsConfig = field(default_factory=SessionsConfig)
     prefix: PrefixConfig = field(default_factory=PrefixConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
     models: ModelsConfig = field(default_factory=ModelsConfig)
     batch: BatchSettings = field(default_factory=BatchSettings)
     keys: KeysConfig = field(default_factory=KeysConfig)
@@ -524,11 +633,36 @@ class Config:
                 known = ", ".join(self.pools) or "none"
                 raise ConfigError(f"no pool named {pool!r} (pools: {known})", ["classes", name, "pool"])
             resolved[name] = replace(spec, pool=pool)
+        for name, spec_of_pool in self.pools.items():
+            other = spec_of_pool.shares_hardware_with
+            if other is not None and (other not in self.pools or other == name):
+                known = ", ".join(p for p in self.pools if p != name) or "none"
+                raise ConfigError(
+                    f"no other pool named {other!r} (pools: {known})", ["pools", name, "shares_hardware_with"]
+                )
         limits = self.limits
         if self.max_body_bytes is not None and limits.max_body_bytes == ClientLimits().max_body_bytes:
             limits = replace(limits, max_body_bytes=self.max_body_bytes)
+        self._check_alias_targets()
         interactive, batch = resolved.pop(INTERACTIVE), resolved.pop(BATCH)
         return replace(self, classes=ClassesConfig(interactive, batch, resolved), limits=limits)
+
+    def _check_alias_targets(self) -> None:
+        """Every alias names a model some pool declares: the gateway knows where it goes before any
+        engine answers, and a request for it never waits for a pool that does not serve it."""
+        declared: set[str] = set()
+        for pool in self.pools.values():
+            declared.update([pool.model] if pool.model else [])
+            declared.update(pool.models)
+            declared.update(pool.lora_adapters)
+        for public, target in self.models.aliases.items():
+            for name in [target] if isinstance(target, str) else [t.model for t in target]:
+                if name not in declared:
+                    raise ConfigError(
+                        f"{name!r} is declared by no pool: add it to the models of the pool that serves it "
+                        f"(pools.<name>.models)",
+                        ["models", "aliases", public],
+                    )
 
     def home_pools(self) -> dict[str, str]:
         """Each class's pool (once there are pools)."""

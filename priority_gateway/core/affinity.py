@@ -54,6 +54,9 @@ class AffinityIndex:
     def capacity(self, engine: str) -> int:
         return self._capacity.get(engine, self.default_capacity)
 
+    def holds(self, engine: str, block: int) -> bool:
+        return block in self._lru.get(engine, ())
+
     def used(self, engine: str) -> float:
         return self._used.get(engine, 0.0)
 

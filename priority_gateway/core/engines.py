@@ -6,7 +6,7 @@ work a new request would queue behind before its own first token. ``peer_prefill
 for other replicas' requests, as they last reported it.
 
 The gateway's own in-flight count is exact for this replica; other replicas sharing routing
-(``core/sharing.py``) report theirs (``peer_inflight``) every few ms; the engine's scraped
+(``core/fleet``) report theirs (``peer_inflight``) every few ms; the engine's scraped
 ``running + waiting`` counts everyone's, also clients this gateway never hears of. Load combines
 them: what we have in flight now, plus what the other replicas last reported, plus what else the
 engine had at the last scrape. Without the reports, replicas that see the same scrape (every
@@ -54,14 +54,15 @@ class EngineState:
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
     scraped_at: float | None = None
-    routed_total: int = 0
     pending_prefill: int = 0
     peer_inflight: int = 0
     peer_inflight_at_scrape: int = 0
     peer_prefill: int = 0
     """Pending prefill that other gateway replicas reported for this engine."""
-    peer_limits: tuple[float, ...] = ()
-    """The concurrency limits other replicas reported learning for this engine."""
+    held_kv: int = 0
+    """Tokens of KV cache this replica's paused sessions hold there (``core.sessions``)."""
+    peer_held_kv: int = 0
+    """The same for other replicas' paused sessions, as they last reported it."""
     inflight_by_class: dict[str, int] = field(default_factory=dict)
     models: frozenset[str] | None = None
     """Model and adapter names the engine lists in ``/v1/models``; None until it answered once."""
@@ -102,7 +103,6 @@ class EngineState:
 
     def started(self, cls: str, adapter: str | None = None) -> None:
         self.inflight += 1
-        self.routed_total += 1
         self.inflight_by_class[cls] = self.inflight_by_class.get(cls, 0) + 1
         if adapter is not None:
             self.adapters.started(adapter)

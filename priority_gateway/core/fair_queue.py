@@ -18,6 +18,13 @@ Rules:
   was never charged).
 - With fairness off the lines are merged by deadline alone (one queue, earliest deadline
   first), tags are kept but not used: the contrast run, and caps still hold per tenant.
+- Continuing turns first (``lane`` ``CONTINUING``: a turn of an agent session that paused within its
+  learned gap, ``sessions``): within a tenant's line they start before the line's other requests,
+  each lane by deadline then arrival. The bound: while another request of the line waits, at most
+  ``burst`` continuing turns start in a row; then the line's earliest other request starts. So a
+  new session's first turn that is the ``k``-th of its lane starts within ``k x (burst + 1)`` starts
+  of its tenant's line, and the tenants' shares are those of fair queueing, whatever their lanes.
+  With fairness off the class is one line, and the bound holds for the class.
 - Removing a waiting request (cancelled, expired, shed) charges nothing.
 - When the queue empties, a busy period ends: the virtual time moves to the highest tag and
   every tenant is forgotten (nobody contends, so no debt is worth keeping). The state is
@@ -44,8 +51,15 @@ class Charge:
     period: int
 
 
+CONTINUING = 0
+"""Lane of a turn that continues a paused session (it holds KV cache, someone waits on it)."""
+NEW = 1
+"""Lane of every other request."""
+
+
 @dataclass(slots=True, order=True)
 class Waiting(Generic[T]):
+    lane: int
     deadline: float
     arrival: float
     seq: int
@@ -64,23 +78,64 @@ class Waiting(Generic[T]):
 
 
 @dataclass(slots=True)
-class _Tenant(Generic[T]):
-    weight: float = 1.0
-    tag: float = 0.0
-    line: list[Waiting[T]] = field(default_factory=list)
-    live: dict[str, Waiting[T]] = field(default_factory=dict)
-    queued_cost: float = 0.0
+class _Lanes(Generic[T]):
+    """One line's two lanes, heaps by (deadline, arrival), and the continuing turns started in a row."""
 
-    def head(self) -> Waiting[T] | None:
-        line = self.line
+    lanes: tuple[list[Waiting[T]], list[Waiting[T]]] = field(default_factory=lambda: ([], []))
+    passed: int = 0
+    """Continuing turns started in a row while a request of the other lane waited."""
+
+    def top(self, lane: int) -> Waiting[T] | None:
+        line = self.lanes[lane]
         while line and line[0].cancelled:
             heapq.heappop(line)
         return line[0] if line else None
 
+    def head(self, burst: int) -> Waiting[T] | None:
+        continuing, other = self.top(CONTINUING), self.top(NEW)
+        if continuing is None or (other is not None and self.passed >= burst):
+            return other
+        return continuing
+
+    def in_order(self, burst: int) -> list[Waiting[T]]:
+        """Every live entry, in the order they would start."""
+        continuing, other = (sorted(e for e in lane if not e.cancelled) for lane in self.lanes)
+        if other and self.passed >= burst:
+            return other[:1] + continuing + other[1:]
+        return continuing + other
+
+    def started(self, entry: Waiting[T]) -> None:
+        if entry.lane == CONTINUING and self.top(NEW) is not None:
+            self.passed += 1
+        else:
+            self.passed = 0
+
+    def push(self, entry: Waiting[T]) -> None:
+        heapq.heappush(self.lanes[entry.lane], entry)
+
+    def clear(self) -> None:
+        for lane in self.lanes:
+            lane.clear()
+        self.passed = 0
+
+
+@dataclass(slots=True)
+class _Tenant(Generic[T]):
+    weight: float = 1.0
+    tag: float = 0.0
+    line: _Lanes[T] = field(default_factory=_Lanes)
+    live: dict[str, Waiting[T]] = field(default_factory=dict)
+    queued_cost: float = 0.0
+
 
 class FairQueue(Generic[T]):
-    def __init__(self, fair: bool = True) -> None:
+    def __init__(self, fair: bool = True, burst: int = 4) -> None:
         self.fair = fair
+        self.burst = burst
+        self._merged: _Lanes[T] = _Lanes()
+        """With fairness off: the class's one line's count of continuing turns started in a row."""
+        self._others = 0
+        """Live entries of the ``NEW`` lane."""
         self.vtime = 0.0
         self.period = 0
         """Counts busy periods: a charge is settled only within the one it was made in."""
@@ -116,6 +171,7 @@ class FairQueue(Generic[T]):
         item: T,
         weight: float = 1.0,
         now: float = 0.0,
+        lane: int = NEW,
     ) -> Waiting[T]:
         if not weight > 0:
             raise ValueError("a tenant's weight must be positive")
@@ -125,27 +181,59 @@ class FairQueue(Generic[T]):
         state.weight = weight
         if not state.live:
             state.tag = max(state.tag, self.vtime)
-        entry = Waiting(deadline, arrival, next(self._seq), key, tenant, max(0.0, cost), item, now)
-        heapq.heappush(state.line, entry)
+        entry = Waiting(lane, deadline, arrival, next(self._seq), key, tenant, max(0.0, cost), item, now)
+        state.line.push(entry)
+        self._others += lane == NEW
         state.live[key] = entry
         state.queued_cost += entry.cost
         self._where[key] = tenant
         return entry
 
-    def peek(self, eligible: Callable[[str], bool] | None = None) -> Waiting[T] | None:
-        """The entry that starts next among tenants for which ``eligible`` holds."""
+    def peek(
+        self, eligible: Callable[[str], bool] | None = None, passed: Callable[[Waiting[T]], bool] | None = None
+    ) -> Waiting[T] | None:
+        """The entry that starts next among tenants for which ``eligible`` holds, entries for which
+        ``passed`` holds left out (a tenant's next entry in its line then stands in its place)."""
+        if not self.fair:
+            return self._peek_merged(eligible, passed)
+        burst = self.burst
         best: Waiting[T] | None = None
         best_key: tuple[float, ...] | None = None
         for name, state in self._tenants.items():
             if not state.live or (eligible is not None and not eligible(name)):
                 continue
-            head = state.head()
+            head = state.line.head(burst)
             assert head is not None
-            order = (head.deadline, head.arrival, head.seq)
-            rank = (state.tag, *order) if self.fair else order
+            if passed is not None and passed(head):
+                head = next((e for e in state.line.in_order(burst) if not passed(e)), None)
+                if head is None:
+                    continue
+            rank = (state.tag, head.deadline, head.arrival, head.seq)
             if best_key is None or rank < best_key:
                 best, best_key = head, rank
         return best
+
+    def _peek_merged(
+        self, eligible: Callable[[str], bool] | None, passed_over: Callable[[Waiting[T]], bool] | None
+    ) -> Waiting[T] | None:
+        """Fairness off: the class's earliest entry of each lane across tenants, then the lanes' rule."""
+        tops: list[Waiting[T] | None] = [None, None]
+        for name, state in self._tenants.items():
+            if not state.live or (eligible is not None and not eligible(name)):
+                continue
+            for lane in (CONTINUING, NEW):
+                head = state.line.top(lane)
+                if head is not None and passed_over is not None and passed_over(head):
+                    head = next(
+                        (e for e in sorted(state.line.lanes[lane]) if not e.cancelled and not passed_over(e)), None
+                    )
+                top = tops[lane]
+                if head is not None and (top is None or head < top):
+                    tops[lane] = head
+        continuing, other = tops
+        if continuing is None or (other is not None and self._merged.passed >= self.burst):
+            return other
+        return continuing
 
     def take(self, key: str) -> Waiting[T] | None:
         """Remove ``key`` because it starts now: its tenant is charged."""
@@ -160,6 +248,12 @@ class FairQueue(Generic[T]):
         period = self.period
         entry = self._drop(key)
         assert entry is not None
+        if self.fair:
+            state.line.started(entry)
+        elif entry.lane == CONTINUING and self._others:
+            self._merged.passed += 1
+        else:
+            self._merged.passed = 0
         if self.period == period:
             entry.charge = Charge(tenant, cost, period)
         self._forget_if_idle(tenant)
@@ -202,6 +296,7 @@ class FairQueue(Generic[T]):
         state = self._tenants[tenant]
         entry = state.live.pop(key)
         entry.cancelled = True
+        self._others -= entry.lane == NEW
         state.queued_cost -= entry.cost
         if not state.live:
             state.line.clear()
@@ -213,6 +308,7 @@ class FairQueue(Generic[T]):
     def _end_busy_period(self) -> None:
         self.vtime = max([self.vtime, *(s.tag for s in self._tenants.values())])
         self._tenants.clear()
+        self._merged.passed = 0
         self.period += 1
 
     def _forget_if_idle(self, tenant: str) -> None:
@@ -228,18 +324,23 @@ class FairQueue(Generic[T]):
         heaviest = max(loaded, key=lambda s: (s.queued_cost / s.weight, len(s.live)))
         return heaviest.live[next(reversed(heaviest.live))]
 
-    def ahead(self, tenant: str, deadline: float, eligible: Callable[[str], bool] | None = None) -> int:
+    def ahead(
+        self, tenant: str, deadline: float, eligible: Callable[[str], bool] | None = None, lane: int = NEW
+    ) -> int:
         """About how many queued entries would start before a new one of ``tenant``.
 
         Its own tenant's entries with an earlier or equal deadline, and of every other tenant those
         whose tags come before the new entry's (estimated from that tenant's mean queued cost).
-        Tenants for which ``eligible`` is false (at their cap) are not ahead of anyone.
+        Tenants for which ``eligible`` is false (at their cap) are not ahead of anyone. A continuing
+        turn (``lane``) has only its own lane's entries of its tenant ahead.
         """
         if not self.fair:
             return sum(
                 1
                 for entry in self.entries()
-                if entry.deadline <= deadline and (entry.tenant == tenant or eligible is None or eligible(entry.tenant))
+                if entry.deadline <= deadline
+                and entry.lane <= lane
+                and (entry.tenant == tenant or eligible is None or eligible(entry.tenant))
             )
         own = self._tenants.get(tenant)
         count = 0
@@ -247,7 +348,7 @@ class FairQueue(Generic[T]):
         if own is not None:
             ahead_cost = 0.0
             for entry in own.live.values():
-                if entry.deadline <= deadline:
+                if entry.deadline <= deadline and entry.lane <= lane:
                     count += 1
                     ahead_cost += entry.cost
             tag = max(own.tag, self.vtime) + ahead_cost / own.weight

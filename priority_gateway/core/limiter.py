@@ -32,12 +32,26 @@ Rules:
   has one, must not contradict the relay before the limit shrinks: it contradicts when its share
   of gaps above the budget is under half the relay's over the same window.
 - Every ``interval_s`` the limit is reconsidered:
-  - shrink when the level at the limit is over budget, or the whole engine far over it, and the
-    engine does not contradict it: to the highest lower level found within budget lately, else
-    multiplicatively (to 70 %); then no further shrink for ``cooldown_s``, and the whole window
-    starts afresh (what it saw above the new limit says nothing about it);
-  - grow by one when the limit was reached since the last decision, its level's long p99 is within
-    ``low * budget``, and the next level was not found over budget lately (the known cliff);
+  - shrink when the level at the limit is over budget, or, when the load fell short of the limit,
+    the highest level it reached within ``window_s`` (a limit grown fast may never be reached,
+    and over-budget gaps where the load does run must bring it down), or the whole engine is far
+    over it, and the engine does not contradict it: to the highest level below that one found within
+    budget lately, else multiplicatively (to 70 %); then no further shrink for ``cooldown_s``, and
+    the whole window starts afresh (what it saw above the new limit says nothing about it);
+  - grow when the limit was reached since the last decision (by this replica's load and, where the
+    engine is scraped, by what it runs: requests it holds waiting do not count) and the next level was not found over
+    budget lately (the known cliff): by ``growth`` of the limit (at least one) while its level's long
+    p99 is within ``low * budget``, by one while its fresh p99 is within ``high * budget``; never past
+    a level found over budget once, however long ago (probing a cliff again goes one step at a time).
+    An engine whose ITL is set by what its steps prefill, not by how many decode, shows the same p99
+    at 4 requests as at 32: growing one at a time from the probe level took it minutes to reach the
+    concurrency its TTFT budget needed, while the queue refused half the traffic;
+  - full: an engine whose scrapes show it holding requests waiting (vLLM's ``num_requests_waiting``)
+    beside the same number running, ``queue_scrapes`` in a row, runs all it will: a limit above what it
+    runs only moves the wait into the engine, where nobody orders, sheds or counts it against the
+    TTFT budget, while the gaps of those running stay within budget. The limit comes down to what it
+    runs, the level above that is found over budget, and nothing grows while it stays full (a request
+    waiting for a step's prefill budget, beside a number running that changes, is not this);
   - recover: below ``initial`` (the probe level), one step up once ``recover_s`` passed without a
     shrink or a step and without the next level found over budget: a limit learned under an
     overload climbs back when the engine idles or evidence is missing (no evidence is not bad
@@ -47,14 +61,12 @@ Rules:
 - Every verdict above is told from counts (gaps, and those within or surely above a bound: a p99
   within a bound is at least ``ceil(0.99 * gaps)`` of them within it), so the windows of several
   replicas add up: ``evidence`` is this replica's own, as counts; ``update`` judges on its own plus
-  those ``heard`` from the other replicas (``core/sharing.py``), as one replica seeing every gap would.
+  those ``heard`` from the other replicas (``core/fleet``), as one replica seeing every gap would.
 - Several replicas learn one limit: only the one that ``lead``s (the dispatcher picks it) moves the
   limit; the others ``follow`` the limit it publishes, restart their whole window when it shrinks
   (as the leader's did), and still judge the levels on the same counts, so that one taking over
   knows where the cliffs are.
-- A limit still at ``initial`` (nothing learned yet, e.g. a replica that just joined) ``adopt``s the
-  one other replicas learned for the engine, instead of starting the fleet over at the probe level;
-  until it has learned or taken one (``learned``), it is not the fleet's to count.
+- Until it has learned or taken a limit (``learned``), a replica's limit is not the fleet's to lead.
 - ``reason`` says why the limit last changed (or held against a relay the engine contradicted).
 """
 
@@ -87,6 +99,11 @@ class LimitSettings:
     level_window_s: float = 120.0
     recover_s: float = 30.0
     unbudgeted: float = 64.0
+    growth: float = 0.5
+    """A step up adds this share of the limit (at least one request), never past a level known over budget."""
+    queue_scrapes: int = 2
+    """Scrapes in a row that must show the engine holding requests waiting while it runs the same number,
+    before that number counts as all it runs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +179,12 @@ class ConcurrencyLimit:
         "_last_step",
         "_next_update",
         "_peak",
+        "_peaks",
+        "_queue_seen_at",
+        "_queueing",
+        "_ran",
         "_safe",
+        "_seats",
         "budget_s",
         "history",
         "itl",
@@ -185,20 +207,19 @@ class ConcurrencyLimit:
         self._engine: deque[tuple[float, float, float]] = deque()  # (when, gaps, gaps over budget)
         self._engine_last: tuple[float, float] | None = None
         self._peak = 0.0
+        self._peaks: deque[tuple[float, float]] = deque()  # (when, the highest load since the decision before)
         self._next_update = now + settings.interval_s
         self._last_decrease = -math.inf
         self._last_step = now
+        self._queueing = 0  # scrapes in a row that showed the engine holding requests waiting
+        self._queue_seen_at = -math.inf
+        self._seats = 0.0  # what it ran meanwhile
+        self._ran = -1.0  # the most the engine's scrapes showed it running since the last step (-1: none)
 
     @property
     def learned(self) -> bool:
         """The limit was learned (here, or by the replica it follows): not the probe level nothing moved yet."""
         return self.budget_s is not None and self.reason != "initial"
-
-    def adopt(self, learned: float) -> None:
-        """Take the limit other replicas learned, while this one has learned nothing itself."""
-        if self.budget_s is not None and self.reason == "initial":
-            self.limit = max(self.settings.minimum, min(self.settings.maximum, learned))
-            self.reason = "learned_by_peers"
 
     def follow(self, learned: float, now: float) -> bool:
         """Take the limit the replica that leads learned (this one does not move it); True when it changed."""
@@ -238,15 +259,15 @@ class ConcurrencyLimit:
         itl.expire(now)
         return Evidence(itl.count, itl.count_above(high, now), itl.count_above(_FAR * budget, now), levels)
 
-    def observe_itl(self, seconds: float, load: float, now: float) -> None:
-        self.itl.observe(seconds, now)
+    def observe_itl(self, seconds: float, load: float, now: float, times: int = 1) -> None:
+        self.itl.observe(seconds, now, times)
         level = max(1, round(load))
         window = self.levels.get(level)
         if window is None:
             window = self.levels[level] = LatencyWindow(self.settings.window_s)
             self.history[level] = LatencyWindow(self.settings.level_window_s)
-        window.observe(seconds, now)
-        self.history[level].observe(seconds, now)
+        window.observe(seconds, now, times)
+        self.history[level].observe(seconds, now, times)
 
     def observe_engine_itl(self, buckets: Sequence[tuple[float, float]], now: float) -> None:
         """The engine's cumulative ITL histogram, ``(upper bound, count)`` pairs, from a scrape."""
@@ -270,6 +291,22 @@ class ConcurrencyLimit:
         while self._engine and self._engine[0][0] < horizon:
             self._engine.popleft()
 
+    def note_engine_queue(self, running: float, waiting: float, scraped_at: float | None) -> None:
+        """What the engine's latest scrape said it runs and holds waiting (vLLM's ``num_requests_running``
+        and ``num_requests_waiting``); a scrape already seen counts once."""
+        if scraped_at is None or scraped_at <= self._queue_seen_at:
+            return
+        self._queue_seen_at = scraped_at
+        self._ran = max(self._ran, running)
+        if waiting < 1 or running < 1:
+            self._queueing = 0
+        elif self._queueing and running == self._seats:
+            self._queueing += 1
+        else:
+            # Running a different number than at the last queueing scrape: it is not at its seats yet
+            # (a request waits for a step's prefill budget), or they changed; counted afresh.
+            self._queueing, self._seats = 1, running
+
     def note_load(self, load: float) -> None:
         if load > self._peak:
             self._peak = load
@@ -290,37 +327,67 @@ class ConcurrencyLimit:
             evidence = pooled((evidence, *heard))
         old = self.limit
         current = max(1, math.floor(self.limit))
-        over = current in self._judge_levels(evidence, budget, now) or self._far_over(evidence, budget, current)
+        # The limit's level, or the highest the load reached within the fresh window when it fell short of
+        # the limit: a limit grown fast may never be reached, and over-budget gaps where the load does run
+        # must bring it down (the window's highest, not the last interval's: a queue draining is no level).
+        peaks = self._peaks
+        peaks.append((now, peak))
+        while peaks[0][0] < now - s.window_s:
+            peaks.popleft()
+        top = min(current, max(1, math.floor(max(p for _, p in peaks) + 0.5)))
+        judged = self._judge_levels(evidence, now)
+        worst = next((level for level in (current, top) if level in judged), None)
+        if worst is None and self._far_over(evidence, current):
+            worst = current
+        over = worst is not None
         if not lead:
             return False
-        engine = self._engine_verdict(evidence, budget, now) if over else None
+        engine = self._engine_verdict(evidence, now) if over else None
+        full = self._queueing >= s.queue_scrapes
         if engine is not None:
             self.reason = engine  # the engine's own figures are awaited, or say it is on time
-        elif over:
+        elif worst is not None:
             if now - self._last_decrease >= s.cooldown_s:
-                self.limit = self._safe_level(current, now)
+                self.limit = self._safe_level(worst, now)
                 self._last_decrease = self._last_step = now
                 self.reason = "itl_over_budget"
                 self.itl.reset()  # gaps seen above the new limit say nothing about it
+        elif full and self.limit >= self._seats + 1:
+            # The engine runs no more than it does and queues the rest: those wait where nobody orders,
+            # sheds or counts them against the TTFT budget. Its seats are the limit, and the level above
+            # them is known over budget (it is probed again as any such level is).
+            seats = max(1, math.floor(self._seats))
+            self.limit = max(s.minimum, float(seats))
+            self._cliff[seats + 1] = now
+            self._last_step = now
+            self.reason = "engine_queueing"
         elif (
-            peak >= self.limit - 0.5
-            and self._within(evidence, current)
-            and now - self._cliff.get(current + 1, -math.inf) > s.level_window_s
+            not full
+            and self._reached(peak, current)
+            and (up := self._step_up(current, self._headroom(evidence, current), now))
         ):
-            self.limit = min(s.maximum, float(current + 1))
+            self.limit = min(s.maximum, float(up))
             self._last_step = now
             self.reason = "itl_within_budget"
         elif (
-            self.limit < s.initial
+            not full
+            and self.limit < s.initial
             and now - self._last_step >= s.recover_s
             and now - self._cliff.get(current + 1, -math.inf) >= s.recover_s
         ):
             self.limit = min(s.initial, float(current + 1))
             self._last_step = now
             self.reason = "recovering"
+        if self.limit != old:
+            self._ran = min(self._ran, 0.0)  # what the engine runs at the new limit is yet to be seen
         return self.limit != old
 
-    def _judge_levels(self, evidence: Evidence, budget: float, now: float) -> set[int]:
+    def _reached(self, peak: float, current: int) -> bool:
+        """The limit was reached since the last decision: by this replica's load and, where the engine is
+        scraped, by what it runs (requests it holds waiting do not count)."""
+        return peak >= self.limit - 0.5 and (self._ran < 0 or self._ran >= current)
+
+    def _judge_levels(self, evidence: Evidence, now: float) -> set[int]:
         """Remember each level's verdict; the levels over budget now."""
         s = self.settings
         over = set()
@@ -345,13 +412,45 @@ class ConcurrencyLimit:
             and within(_Q, counts.long, counts.long_within)
         )
 
-    def _far_over(self, evidence: Evidence, budget: float, level: int) -> bool:
+    def _headroom(self, evidence: Evidence, level: int) -> float:
+        """How far the limit may grow from ``level``: by ``growth`` of it while the level's long p99 is within
+        ``low * budget`` (far from any cliff), by one while its fresh p99 is still within ``high * budget``
+        (near the budget: a step at a time), else not at all; each on at least ``min_samples`` gaps."""
+        counts = evidence.levels.get(level)
+        if counts is None:
+            return 0.0
+        s = self.settings
+        if self._within(evidence, level):
+            return s.growth
+        if counts.fresh >= s.min_samples and within(_Q, counts.fresh, counts.fresh_within):
+            return 1e-9
+        return 0.0
+
+    def _step_up(self, current: int, growth: float, now: float) -> int | None:
+        """The level to grow to: ``growth`` of the limit further (at least one), short of any level found
+        over budget within ``level_window_s``; None when the next level is such a level, or without
+        headroom (``growth`` 0)."""
+        if not growth:
+            return None
+        s = self.settings
+        target = max(current + 1, math.floor(current * (1 + growth)))
+        # Up to a level found over budget once, however long ago, one step at a time: probing a cliff
+        # again costs a stall of everyone on it, and a jump past it more.
+        above = [level for level in self._cliff if level > current]
+        if above:
+            target = max(current + 1, min(target, min(above)))
+        for level in range(current + 1, target + 1):
+            if now - self._cliff.get(level, -math.inf) <= s.level_window_s:
+                return level - 1 if level > current + 1 else None
+        return target
+
+    def _far_over(self, evidence: Evidence, level: int) -> bool:
         # The whole window mixes levels; it acts once well filled, as a net under the level windows.
         if evidence.gaps < 5 * self.settings.min_samples:
             return False
         return clearly_over(evidence.far / level, evidence.gaps / level)
 
-    def _engine_verdict(self, evidence: Evidence, budget: float, now: float) -> str | None:
+    def _engine_verdict(self, evidence: Evidence, now: float) -> str | None:
         """Why the relay's slowness does not count against the engine, or None when it does."""
         if self._engine_last is None:
             return None  # the engine keeps no ITL histogram: the relay's evidence stands

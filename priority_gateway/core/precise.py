@@ -9,7 +9,11 @@ Rules:
   event's ``parent_block_hash`` and ``BlockRemoved`` are resolved. A stored block whose parent
   the gateway never saw (events before it subscribed, or lost) cannot be placed in a chain and
   is ignored until the engine stores it again.
-- ``AllBlocksCleared`` and an engine restart empty that engine's entry.
+- Tiers: a block an event names with a ``medium`` other than the GPU's (vLLM's KV offloading stores
+  blocks to ``CPU``) is kept in the lower tier's index (``lower``), apart from the GPU's: a hit there
+  is a transfer, not a recompute, and scores between a GPU hit and a miss (``prefix_policy``).
+  ``BlockRemoved`` removes from the tier it names.
+- ``AllBlocksCleared`` and an engine restart empty that engine's entry, in every tier.
 - Nothing is guessed: routing a request records nothing here; only events change what an
   engine holds.
 """
@@ -29,6 +33,11 @@ _UNLIMITED = 1 << 62
 
 
 DEFAULT_MAX_BLOCKS = 1024
+GPU_MEDIA = frozenset({None, "GPU", "gpu", "cuda", "CUDA"})
+
+
+def is_gpu(medium: str | None) -> bool:
+    return medium in GPU_MEDIA
 
 
 def lora_root(lora_name: str | None) -> int:
@@ -47,6 +56,8 @@ def token_block_hashes(
 class PreciseIndex:
     def __init__(self, index: AffinityIndex | None = None) -> None:
         self.index = index or AffinityIndex(_UNLIMITED)
+        self.lower = AffinityIndex(_UNLIMITED)
+        """Blocks held in a tier below the GPU (CPU offloading)."""
         self._ours: dict[str, dict[Hashable, int]] = {}
         self.unplaced = 0
 
@@ -58,6 +69,7 @@ class PreciseIndex:
         token_ids: Sequence[int],
         block_size: int,
         lora_name: str | None = None,
+        medium: str | None = None,
     ) -> None:
         ours = self._ours.setdefault(engine, {})
         if parent is None:
@@ -76,19 +88,24 @@ class PreciseIndex:
             ours[engine_hash] = chain
             added.append(chain)
         if added:
-            self.index.set_capacity(engine, _UNLIMITED)
-            self.index.record(engine, added, len(added) * block_size, block_size)
+            index = self.index if is_gpu(medium) else self.lower
+            index.set_capacity(engine, _UNLIMITED)
+            index.record(engine, added, len(added) * block_size, block_size)
 
-    def removed(self, engine: str, block_hashes: Sequence[Hashable]) -> None:
+    def removed(self, engine: str, block_hashes: Sequence[Hashable], medium: str | None = None) -> None:
         ours = self._ours.get(engine)
         if not ours:
             return
-        gone = [ours.pop(h) for h in block_hashes if h in ours]
-        self.index.remove(engine, gone)
+        named = [h for h in block_hashes if h in ours]
+        (self.index if is_gpu(medium) else self.lower).remove(engine, [ours[h] for h in named])
+        for h in named:  # the engine's hash names the block while a tier holds it (a chain may go on from it)
+            if not self.index.holds(engine, ours[h]) and not self.lower.holds(engine, ours[h]):
+                del ours[h]
 
     def cleared(self, engine: str) -> None:
         self._ours.pop(engine, None)
         self.index.clear(engine)
+        self.lower.clear(engine)
 
     def blocks(self, engine: str) -> int:
         return len(self._ours.get(engine, ()))

@@ -5,8 +5,10 @@ Rules:
   ``load + 1 <= ceil(load_factor * (total_load + 1) / n)``, load being requests in flight.
   The least loaded engine is always eligible, and no engine is ever chosen above the bound
   for a cache hit.
-- A pinned session (``X-Session-ID``) stays on its engine while that engine is eligible;
-  otherwise the pin moves to wherever the request goes.
+- A pinned session (``sessions.sources``) stays on its engine while that engine is eligible;
+  otherwise the pin moves to wherever the request goes. A turn that continues a paused session
+  (``RouteRequest.continuing``) stays within twice the load bound: its context is its own, so
+  following it piles nobody else onto that engine, and moving it computes the whole context again.
 - Each eligible engine gets a cost in prompt tokens: the prefill already queued on it
   (``queued_prefill``: this replica's, and what other replicas reported), plus this prompt, minus
   ``cache_weight`` times what it holds of the prompt in cache, plus ``decode_cost_tokens`` per
@@ -14,6 +16,14 @@ Rules:
   ``cache_weight`` times: a hit kept also serves the conversation's next turns, and work not
   repeated is capacity left for everyone; but a long enough queue still sends the request
   elsewhere, as waiting behind it costs more.
+- Paused agent sessions' blocks count as held (``retention_weight``; ``sessions``): on an engine whose
+  free KV blocks, less those its paused sessions hold (``sessions.retained``: bounded by its KV
+  cache), cannot take this request's new blocks (its uncached prompt and its output), every held
+  token it would push out costs ``retention_weight x cache_weight``: the session's next turn would
+  compute it again. So cold prompts go where they evict no paused session while an engine has room,
+  and a continuing turn (its session's hold released when it arrived) is not charged for its own.
+- Tiers (precise mode): blocks past an engine's GPU hit that its CPU tier holds (vLLM's KV offloading,
+  events with ``medium``) count ``lower_tier_weight`` of a cached token each: between a hit and a miss.
 - Engines within ``tolerance`` of this prompt's size of the cheapest are equally good: among them the one holding
   the most of the prompt wins, then rendezvous hashing of the prompt's first distinctive
   blocks decides. So a prefix nobody has seen goes to the same engine from every replica
@@ -35,6 +45,12 @@ Rules:
   (``RoutedBlocks``) for ``take_learned``, at most ``max_pending`` of them (the oldest are dropped
   and counted when nobody takes them); ``learn`` applies another replica's fact as if this replica
   had routed the request itself.
+- Prefill-aware (``prefill_chunk_tokens``, the engines' ``--max-num-batched-tokens``; 0: off): for a
+  request with an ITL budget, each eligible engine's stall is predicted from the prompt's uncached
+  part there (``priority_gateway.core.prefill``), and only the engines of the best rank stay
+  candidates (keeping both budgets, else the fewest decoders' gaps broken); when none keeps the ITL
+  budget and ``prefill_hold_s`` allows, the request is held (``choose`` returns None and ``holds``
+  says so: the dispatcher queues it rather than stopping backfilled work for it; with admission on).
 - LoRA (``lora_aware``): a request for an adapter goes only to engines with a free adapter slot
   for it (``priority_gateway.core.lora``) while any candidate has one, so no engine gets more distinct
   adapters at once than its ``max_lora`` while another has room; and an engine that must swap the
@@ -51,12 +67,15 @@ from dataclasses import dataclass
 from xxhash import xxh3_64_intdigest
 
 from priority_gateway.core.affinity import AffinityIndex
+from priority_gateway.core.classes import BATCH
 from priority_gateway.core.engines import EngineState
 from priority_gateway.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from priority_gateway.core.precise import PreciseIndex
+from priority_gateway.core.prefill import PrefillModel
+from priority_gateway.core.queue import DEFAULT_DECODE_TOKENS
 from priority_gateway.core.request import RouteRequest
-from priority_gateway.core.routing import Choice
-from priority_gateway.core.sharing import RoutedBlocks
+from priority_gateway.core.routing import Choice, RoutedBlocks
+from priority_gateway.core.sessions import kv_capacity_tokens, retained
 
 
 @dataclass(slots=True)
@@ -95,6 +114,10 @@ class PrefixAffinity:
         honesty_share: float = 0.5,
         lora_aware: bool = True,
         lora_swap_tokens: float = 2048.0,
+        prefill_chunk_tokens: int = 0,
+        prefill_hold_s: float = 0.0,
+        retention_weight: float = 1.0,
+        lower_tier_weight: float = 0.5,
     ) -> None:
         if load_factor < 1.0:
             raise ValueError("load_factor must be at least 1")
@@ -110,6 +133,8 @@ class PrefixAffinity:
         self.honesty_share = honesty_share
         self.lora_aware = lora_aware
         self.lora_swap_tokens = lora_swap_tokens
+        self.retention_weight = retention_weight
+        self.lower_tier_weight = lower_tier_weight
         self.index = AffinityIndex(default_capacity_tokens)
         # Precise mode: the index holds what the engines' KV events say, nothing guessed.
         self.precise = PreciseIndex(self.index) if precise else None
@@ -124,6 +149,11 @@ class PrefixAffinity:
         self.max_bound_ratio = 0.0
         self._outbox: deque[RoutedBlocks] | None = None
         self.learned_dropped = 0
+        self.prefill = PrefillModel(prefill_chunk_tokens, max_hold_s=prefill_hold_s) if prefill_chunk_tokens else None
+        self._held: str | None = None
+        self.prefill_held = 0
+        self.prefill_steered = 0
+        """Requests held, and requests kept off some candidate, by the prefill prediction."""
 
     # -- choice --------------------------------------------------------------------
 
@@ -135,7 +165,12 @@ class PrefixAffinity:
         self._bound = bound
         return [e for e in candidates if e.load + 1 <= bound + 1e-9]
 
+    def _relaxed(self, candidates: Sequence[EngineState]) -> list[EngineState]:
+        """The candidates within twice the load bound (after ``eligible``)."""
+        return [e for e in candidates if e.load + 1 <= 2 * self._bound + 1e-9]
+
     def choose(self, req: RouteRequest, candidates: Sequence[EngineState], now: float) -> Choice | None:
+        self._held = None
         if not candidates:
             return None
         eligible = self.eligible(candidates)
@@ -143,31 +178,28 @@ class PrefixAffinity:
         if adapter is not None:
             eligible = _with_slot(adapter, eligible, candidates)
         prefix = req.prefix
-        if req.session is not None:
-            pinned = self.sessions.get(req.session)
-            if pinned is not None:
-                for engine in eligible:
-                    if engine.id == pinned:
-                        depth = self.index.match(prefix, [engine.id])[0]
-                        return Choice(engine, self._cached_tokens(req, depth), "session")
         depths = self.index.match(prefix, [e.id for e in eligible]) if prefix else [0] * len(eligible)
         cached = [self._cached_tokens(req, d) for d in depths]
-        costs = [
-            self.queue_weight * e.queued_prefill
-            + req.prompt_tokens
-            - self.cache_weight * c
-            + self.decode_cost_tokens * e.load
-            + self.kv_cost_tokens * max(0.0, e.kv_usage - 0.8) * 5
-            for e, c in zip(eligible, cached, strict=True)
-        ]
-        resident = [True] * len(eligible)
-        if adapter is not None:
-            for i, engine in enumerate(eligible):
-                if not engine.adapters.resident(adapter):
-                    resident[i] = False
-                    costs[i] += self.lora_swap_tokens
-                if not engine.serves(adapter):
-                    costs[i] += self.lora_swap_tokens  # to be loaded on demand first
+        if self.precise is not None and prefix:
+            cached = self._with_lower_tier(req, eligible, depths, cached)
+        if self.prefill is not None and req.budget.itl_s is not None:
+            keep = self._prefill_keep(req, eligible, cached, now)
+            if keep is None:
+                self._held = req.id
+                self.prefill_held += 1
+                return None
+            if len(keep) < len(eligible):
+                self.prefill_steered += 1
+                eligible, depths, cached = (
+                    [eligible[i] for i in keep],
+                    [depths[i] for i in keep],
+                    [cached[i] for i in keep],
+                )
+        if req.session is not None:
+            pinned = self._session_engine(req.session, req, candidates, eligible)
+            if pinned is not None:
+                return pinned
+        costs, resident = self._costs(req, eligible, cached, adapter)
         cheapest = min(costs)
         slack = max(self.tolerance_tokens, self.tolerance * req.prompt_tokens)
         floor = min(cached)
@@ -193,6 +225,68 @@ class PrefixAffinity:
             reason = "least_cost"
         return Choice(eligible[chosen], cached[chosen], reason)
 
+    def _session_engine(
+        self, session: str, req: RouteRequest, candidates: Sequence[EngineState], eligible: list[EngineState]
+    ) -> Choice | None:
+        """The engine the request's session last ran on, while within the load bound (twice the bound
+        for a turn that continues a paused session, whose KV waits there)."""
+        pinned = self.sessions.get(session)
+        if pinned is None:
+            return None
+        prefix = req.prefix
+        for engine in self._relaxed(candidates) if req.continuing else eligible:
+            if engine.id == pinned:
+                depth = self.index.match(prefix, [engine.id])[0] if prefix else 0
+                return Choice(engine, self._cached_tokens(req, depth), "session")
+        return None
+
+    def _costs(
+        self, req: RouteRequest, eligible: list[EngineState], cached: list[int], adapter: str | None
+    ) -> tuple[list[float], list[bool]]:
+        """Each eligible engine's cost in tokens of work (the request's uncached prefill, the queue and
+        decoding ahead of it, KV pressure, a session's KV it would evict, a LoRA swap), and whether the
+        request's adapter is resident there."""
+        costs = [
+            self.queue_weight * e.queued_prefill
+            + req.prompt_tokens
+            - self.cache_weight * c
+            + self.decode_cost_tokens * e.load
+            + self.kv_cost_tokens * max(0.0, e.kv_usage - 0.8) * 5
+            + self._retention_cost(req, e, c)
+            for e, c in zip(eligible, cached, strict=True)
+        ]
+        resident = [True] * len(eligible)
+        if adapter is not None:
+            for i, engine in enumerate(eligible):
+                if not engine.adapters.resident(adapter):
+                    resident[i] = False
+                    costs[i] += self.lora_swap_tokens
+                if not engine.serves(adapter):
+                    costs[i] += self.lora_swap_tokens  # to be loaded on demand first
+        return costs, resident
+
+    def _with_lower_tier(
+        self, req: RouteRequest, eligible: Sequence[EngineState], depths: list[int], cached: list[int]
+    ) -> list[int]:
+        """GPU hits, plus ``lower_tier_weight`` of the blocks past them that a lower tier (CPU) holds:
+        loading them back costs a transfer, less than computing them, more than a GPU hit."""
+        lower = self.precise.lower.match(req.prefix, [e.id for e in eligible]) if self.precise else []
+        if not self.lower_tier_weight or not any(lower):
+            return cached
+        return [
+            c + int(self.lower_tier_weight * max(0, self._cached_tokens(req, low) - c))
+            for c, low, d in zip(cached, lower, depths, strict=True)
+        ]
+
+    def _retention_cost(self, req: RouteRequest, engine: EngineState, cached: int) -> float:
+        """What the paused sessions' held tokens this request would push out of ``engine`` are worth."""
+        if not self.retention_weight or not (held := retained(engine)):
+            return 0.0
+        free = kv_capacity_tokens(engine) * (1.0 - engine.kv_usage) - engine.queued_prefill
+        need = req.prompt_tokens - cached + (req.max_tokens or DEFAULT_DECODE_TOKENS)
+        evicted = min(held, max(0.0, need - (free - held)))
+        return self.retention_weight * self.cache_weight * evicted
+
     def _cached_tokens(self, req: RouteRequest, depth: int) -> int:
         """Prompt tokens an engine holding ``depth`` leading blocks would serve from cache."""
         prefix = req.prefix
@@ -204,9 +298,35 @@ class PrefixAffinity:
         usable = max(0, req.prompt_tokens - 1) // max(1, req.block_tokens)
         return min(depth, usable) * req.block_tokens
 
+    def _prefill_keep(
+        self, req: RouteRequest, eligible: list[EngineState], cached: list[int], now: float
+    ) -> list[int] | None:
+        """The candidates of the best rank by their predicted prefill stall, or None to hold the request."""
+        model = self.prefill
+        itl_s = req.budget.itl_s
+        assert model is not None and itl_s is not None
+        ttft_left = None if req.budget.ttft_s is None else req.budget.ttft_s - (now - req.arrival)
+        stalls = []
+        for engine, hit in zip(eligible, cached, strict=True):
+            budgeted = engine.load - engine.inflight_by_class.get(BATCH, 0)
+            stalls.append(
+                model.predict(req.prompt_tokens - hit, hit, engine.load, budgeted, engine.queued_prefill, itl_s)
+            )
+        ranks = [model.rank(stall, ttft_left) for stall in stalls]
+        best = min(range(len(ranks)), key=ranks.__getitem__)
+        if ranks[best][0] and model.hold(stalls[best], now - req.arrival, ttft_left):
+            return None
+        if ranks[best][0] == 0:
+            return [i for i, r in enumerate(ranks) if r[0] == 0]
+        return [i for i, r in enumerate(ranks) if r[:2] == ranks[best][:2]]
+
+    def holds(self, req: RouteRequest) -> bool:
+        """The last ``choose`` held ``req`` for its prefill (candidates had room; none kept its ITL budget)."""
+        return self._held == req.id
+
     # -- learning -------------------------------------------------------------------
 
-    def routed(self, req: RouteRequest, choice: Choice, now: float) -> None:
+    def routed(self, req: RouteRequest, choice: Choice) -> None:
         engine = choice.engine
         if engine.id not in self._honesty:
             self._honesty[engine.id] = _Honesty()
@@ -292,9 +412,10 @@ class PrefixAffinity:
                         event.token_ids,
                         event.block_size,
                         event.lora_name,
+                        event.medium,
                     )
                 case BlockRemoved():
-                    precise.removed(engine_id, event.block_hashes)
+                    precise.removed(engine_id, event.block_hashes, event.medium)
                 case AllBlocksCleared():
                     precise.cleared(engine_id)
 

@@ -4,7 +4,8 @@ Rules:
 - Ordered by class rank (the class's vLLM ``priority``: lower first). Inside a class, the
   tenants share by weighted fair queueing charged in predicted tokens (``fair_queue``); each
   tenant's own requests go by start deadline, then arrival (a preempted request queued again
-  keeps its place). With fairness off, a class is one line by deadline, as before tenants.
+  keeps its place), continuing turns of paused sessions first within the bound of ``fair_queue``
+  (``burst``). With fairness off, a class is one line by deadline, as before tenants.
 - Each entry has a start deadline: past it, the request is refused rather than started
   late (an interactive request that cannot start in time for its TTFT budget is answered
   at once, never left to time out).
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from priority_gateway.core.classes import DEFAULT_CLASSES, ClassTable
-from priority_gateway.core.fair_queue import Charge, FairQueue, Waiting
+from priority_gateway.core.fair_queue import CONTINUING, NEW, Charge, FairQueue, Waiting
 from priority_gateway.core.request import RouteRequest
 
 DEFAULT_DECODE_TOKENS = 256
@@ -29,15 +30,19 @@ Entry = Waiting[RouteRequest]
 
 class WaitQueue:
     def __init__(
-        self, classes: ClassTable = DEFAULT_CLASSES, fair: bool = True, decode_tokens: int = DEFAULT_DECODE_TOKENS
+        self,
+        classes: ClassTable = DEFAULT_CLASSES,
+        fair: bool = True,
+        decode_tokens: int = DEFAULT_DECODE_TOKENS,
+        burst: int = 4,
     ) -> None:
         self.classes = classes
         self.fair = fair
         self.decode_tokens = decode_tokens
-        self._lines: dict[str, FairQueue[RouteRequest]] = {cls: FairQueue(fair) for cls in classes.names}
+        self._lines: dict[str, FairQueue[RouteRequest]] = {cls: FairQueue(fair, burst) for cls in classes.names}
 
     def __len__(self) -> int:
-        return sum(len(line) for line in self._lines.values())
+        return sum(map(len, self._lines.values()))
 
     def depth(self, cls: str) -> int:
         return len(self._lines[cls])
@@ -62,12 +67,16 @@ class WaitQueue:
 
     def push(self, req: RouteRequest, deadline: float, now: float) -> Entry:
         line = self._lines[req.cls]
-        return line.push(req.id, req.tenant, self.cost(req), deadline, req.arrival, req, req.weight, now)
+        lane = CONTINUING if req.continuing else NEW
+        return line.push(req.id, req.tenant, self.cost(req), deadline, req.arrival, req, req.weight, now, lane)
 
-    def peek(self, eligible: Callable[[str], bool] | None = None) -> Entry | None:
-        """The entry that starts next; tenants for which ``eligible`` is false are passed over."""
+    def peek(
+        self, eligible: Callable[[str], bool] | None = None, passed: Callable[[Entry], bool] | None = None
+    ) -> Entry | None:
+        """The entry that starts next; tenants for which ``eligible`` is false, and entries for which
+        ``passed`` is true, are passed over."""
         for line in self._lines.values():
-            if len(line) and (entry := line.peek(eligible)) is not None:
+            if len(line) and (entry := line.peek(eligible, passed)) is not None:
                 return entry
         return None
 
@@ -104,7 +113,8 @@ class WaitQueue:
         which ``eligible`` is false are not ahead in its class)."""
         rank = self.classes.rank[req.cls]
         ahead = sum(len(line) for cls, line in self._lines.items() if self.classes.rank[cls] < rank)
-        return ahead + self._lines[req.cls].ahead(req.tenant, deadline, eligible)
+        lane = CONTINUING if req.continuing else NEW
+        return ahead + self._lines[req.cls].ahead(req.tenant, deadline, eligible, lane)
 
     def shed(self, cls: str | None = None) -> Entry | None:
         """Drop the newest entry of the heaviest tenant of class ``cls``, by default of the lowest-ranked

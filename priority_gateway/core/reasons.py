@@ -20,7 +20,9 @@ class Refusal(StrEnum):
     """The API key may not use the class asked for."""
     # Admission (``dispatcher``): the request cannot be served now.
     NO_HEALTHY_ENGINE = "no_healthy_engine"
-    """No engine of the pool answers its health checks."""
+    """No engine of the pool that may serve the request's model answers its health checks."""
+    MODEL_NOT_SERVED = "model_not_found"
+    """No engine of any pool lists the request's model (an alias to a model nobody serves)."""
     QUEUE_FULL = "queue_full"
     """The pool's queue is at ``admission.max_queue``."""
     SHED = "shed"

@@ -18,6 +18,10 @@ class RouteRequest:
     prefix: list[int] = field(default_factory=list)
     block_tokens: int = 16
     session: str | None = None
+    """The agent session or conversation it belongs to, as the shell recognised it: an opaque,
+    bounded key, never a metric label."""
+    continuing: bool = False
+    """Set by the dispatcher: a turn of a session that paused within its learned gap (``sessions``)."""
     budget: Budget = field(default_factory=Budget)
     tenant: str = ""
     """Who is charged for it in its class's fair queue: the API key's tenant (or the key), never

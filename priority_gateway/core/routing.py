@@ -16,6 +16,17 @@ from priority_gateway.core.kv_events import KVEvent
 from priority_gateway.core.request import RouteRequest
 
 
+@dataclass(frozen=True, slots=True)
+class RoutedBlocks:
+    """A request went to ``engine``; it holds the leading prompt blocks ``blocks`` (none in precise mode).
+    What replicas tell each other of their routing (``fleet``)."""
+
+    engine: str
+    blocks: tuple[int, ...]
+    prompt_tokens: int
+    block_tokens: int
+
+
 @dataclass(slots=True, frozen=True)
 class Choice:
     engine: EngineState
@@ -28,7 +39,9 @@ class Policy(Protocol):
 
     def choose(self, req: RouteRequest, candidates: Sequence[EngineState], now: float) -> Choice | None: ...
 
-    def routed(self, req: RouteRequest, choice: Choice, now: float) -> None: ...
+    def routed(self, req: RouteRequest, choice: Choice) -> None: ...
+
+    def holds(self, req: RouteRequest) -> bool: ...
 
     def started(self, engine_id: str, predicted_cached_tokens: int, prompt_tokens: int) -> None: ...
 
@@ -40,26 +53,49 @@ class Policy(Protocol):
 
     def kv_events(self, engine_id: str, events: Sequence[KVEvent], restarted: bool = False) -> None: ...
 
+    def share(self, max_pending: int) -> None:
+        """From now on keep what routing teaches for the other replicas, at most ``max_pending`` facts."""
+
+    def take_learned(self) -> list[RoutedBlocks]:
+        """What routing taught since the last call, for the other replicas."""
+        ...
+
+    def learn(self, fact: RoutedBlocks, engine: EngineState) -> None:
+        """Another replica's routing fact: learn it as if this replica had routed the request."""
+
 
 class _Stateless:
-    """Policies that learn nothing from what they route."""
+    """Policies that learn nothing from what they route: each hook takes the ``Policy`` protocol's
+    arguments and ignores them (hence the ``noqa: ARG002``)."""
 
-    def routed(self, req: RouteRequest, choice: Choice, now: float) -> None:
+    def routed(self, req: RouteRequest, choice: Choice) -> None:  # noqa: ARG002
         return None
 
-    def started(self, engine_id: str, predicted_cached_tokens: int, prompt_tokens: int) -> None:
+    def holds(self, req: RouteRequest) -> bool:  # noqa: ARG002
+        return False
+
+    def started(self, engine_id: str, predicted_cached_tokens: int, prompt_tokens: int) -> None:  # noqa: ARG002
         return None
 
-    def scraped(self, engine: EngineState) -> None:
+    def scraped(self, engine: EngineState) -> None:  # noqa: ARG002
         return None
 
-    def forget(self, engine_id: str) -> None:
+    def forget(self, engine_id: str) -> None:  # noqa: ARG002
         return None
 
     def hit_ratio_estimate(self) -> float:
         return 0.0
 
-    def kv_events(self, engine_id: str, events: Sequence[KVEvent], restarted: bool = False) -> None:
+    def kv_events(self, engine_id: str, events: Sequence[KVEvent], restarted: bool = False) -> None:  # noqa: ARG002
+        return None
+
+    def share(self, max_pending: int) -> None:  # noqa: ARG002
+        return None
+
+    def take_learned(self) -> list[RoutedBlocks]:
+        return []
+
+    def learn(self, fact: RoutedBlocks, engine: EngineState) -> None:  # noqa: ARG002
         return None
 
 
@@ -69,7 +105,7 @@ class RoundRobin(_Stateless):
     def __init__(self) -> None:
         self._next = 0
 
-    def choose(self, req: RouteRequest, candidates: Sequence[EngineState], now: float) -> Choice | None:
+    def choose(self, req: RouteRequest, candidates: Sequence[EngineState], now: float) -> Choice | None:  # noqa: ARG002  # Policy protocol
         if not candidates:
             return None
         engine = candidates[self._next % len(candidates)]
@@ -85,7 +121,7 @@ class LeastLoaded(_Stateless):
     def __init__(self) -> None:
         self._tiebreak = 0
 
-    def choose(self, req: RouteRequest, candidates: Sequence[EngineState], now: float) -> Choice | None:
+    def choose(self, req: RouteRequest, candidates: Sequence[EngineState], now: float) -> Choice | None:  # noqa: ARG002  # Policy protocol
         if not candidates:
             return None
         n = len(candidates)

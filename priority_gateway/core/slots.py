@@ -51,8 +51,10 @@ class SlotTimes:
         self.scale = 1.0
         self.mean_s: float | None = None
 
-    def observe_gap(self, seconds: float) -> None:
-        self.gap_s = seconds if self.gap_s is None else 0.99 * self.gap_s + 0.01 * seconds
+    def observe_gap(self, seconds: float, times: int = 1) -> None:
+        """``times`` gaps of ``seconds``: the moving average as after that many observations."""
+        kept = 0.99**times
+        self.gap_s = seconds if self.gap_s is None else kept * self.gap_s + (1 - kept) * seconds
 
     def observe_done(self, run: Running, seconds: float) -> None:
         self.mean_s = seconds if self.mean_s is None else 0.95 * self.mean_s + 0.05 * seconds

@@ -1,10 +1,16 @@
-"""How long an engine takes from a request's start to its first token, by prompt length.
+"""How long an engine takes from a request's start to its first token, by the prefill ahead of it.
 
-An exponentially weighted least-squares line ``ttft = a + b * prompt_tokens`` over recent
-requests: prefill time grows with the uncached prompt, on top of a fixed cost per request.
-Admission uses it to know how late a request may start and still meet its TTFT budget, which
-a single average would get wrong for long prompts (too optimistic) and short ones (too
-pessimistic).
+An exponentially weighted least-squares line ``ttft = a + b * tokens`` over recent first tokens, where
+``tokens`` is the prefill the engine has to compute before the first token: the uncached prompt
+tokens queued there when the request started, its own included (``b`` is then one over the engine's
+prefill pace, ``a`` its fixed cost per request). Admission uses it to know how late a request may
+start and still meet its TTFT budget, and whether an engine's queued prefill would make it late
+there, which a single average would get wrong for long prompts and long queues (too optimistic)
+and short ones (too pessimistic).
+
+Rules:
+- ``predict`` is the line's typical first token (its users add their margin: the budget bounds a p99).
+- Nothing observed yet: no prediction (None).
 """
 
 from __future__ import annotations
@@ -17,16 +23,16 @@ class TTFTModel:
         self.decay = decay
         self._n = self._sx = self._sy = self._sxx = self._sxy = 0.0
 
-    def observe(self, prompt_tokens: int, seconds: float) -> None:
+    def observe(self, tokens: int, seconds: float) -> None:
         d = self.decay
-        x = float(prompt_tokens)
+        x = float(tokens)
         self._n = d * self._n + 1.0
         self._sx = d * self._sx + x
         self._sy = d * self._sy + seconds
         self._sxx = d * self._sxx + x * x
         self._sxy = d * self._sxy + x * seconds
 
-    def predict(self, prompt_tokens: int) -> float | None:
+    def predict(self, tokens: int) -> float | None:
         n = self._n
         if n < 1.0:
             return None
@@ -34,4 +40,4 @@ class TTFTModel:
         var_x = self._sxx / n - mean_x * mean_x
         slope = (self._sxy / n - mean_x * mean_y) / var_x if var_x > 1e-9 else 0.0
         slope = max(0.0, slope)
-        return max(0.0, mean_y + slope * (prompt_tokens - mean_x))
+        return max(0.0, mean_y + slope * (tokens - mean_x))

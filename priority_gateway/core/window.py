@@ -66,12 +66,13 @@ class LatencyWindow:
         self._current_end = start + self.slice_s
         return self._current
 
-    def observe(self, value: float, now: float) -> None:
+    def observe(self, value: float, now: float, times: int = 1) -> None:
+        """``times`` observations of ``value`` (events a stream's read delivered together)."""
         bucket = bisect_left(EDGES, value)
         current = self._current if self._current_start <= now < self._current_end else self._advance(now)
-        current[bucket] = current.get(bucket, 0) + 1
-        self._counts[bucket] = self._counts.get(bucket, 0) + 1
-        self.count += 1
+        current[bucket] = current.get(bucket, 0) + times
+        self._counts[bucket] = self._counts.get(bucket, 0) + times
+        self.count += times
 
     def expire(self, now: float) -> None:
         """Drop slices that fell out of the window (quantiles call this themselves)."""

@@ -1,8 +1,8 @@
 """Request bodies of the inference endpoints: parsed once, checked where routing reads them.
 
 Rules:
-- The gateway reads only what routing needs (model, stream, max_tokens, the prompt, cache_salt;
-  for the Responses API ``input``, ``instructions`` and ``max_output_tokens``) and checks the
+- The gateway reads only what routing needs (model, stream, the output limit, the prompt,
+  cache_salt; for the Responses API ``input`` and ``instructions``) and checks the
   shape of exactly those fields, so nothing it reads can fail later with a 500; every other
   field is the engine's to judge.
 - The body is forwarded as received. Only a pool that takes vLLM's ``priority`` changes it,
@@ -93,7 +93,9 @@ def _check_message(message: dict[str, Any], where: str, text_types: tuple[str, .
 
 def check_responses(parsed: dict[str, Any]) -> None:
     """The Responses API's ``instructions`` and ``input``: a string, or an array of items (objects;
-    a message item has a string ``role`` and a string or an array of typed parts as ``content``)."""
+    a message item has a string ``role`` and a string or an array of typed parts as ``content``, a
+    ``function_call`` string ``name`` and ``arguments``, a ``function_call_output`` a string or an
+    array of typed parts as ``output``)."""
     instructions = parsed.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise _invalid("'instructions' must be a string", "instructions")
@@ -110,6 +112,23 @@ def check_responses(parsed: dict[str, Any]) -> None:
             raise _invalid(f"'input[{i}].type' must be a string", f"input[{i}].type")
         if kind == "message":
             _check_message(item, f"input[{i}]", _RESPONSES_TEXT)
+        elif kind == "function_call":
+            # Both are rendered into the prompt: strings, as the API defines them (never a nest to recurse into).
+            for name in ("name", "arguments"):
+                if not isinstance(item.get(name, ""), str):
+                    raise _invalid(f"'input[{i}].{name}' must be a string", f"input[{i}].{name}")
+        elif kind == "function_call_output":
+            output = item.get("output")
+            if isinstance(output, list):
+                for j, part in enumerate(output):
+                    where = f"input[{i}].output[{j}]"
+                    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                        raise _invalid(f"'{where}' must be an object with a string 'type'", where)
+                    if part["type"] in _RESPONSES_TEXT and not isinstance(part.get("text"), str):
+                        raise _invalid(f"'{where}.text' must be a string", where)
+            elif output is not None and not isinstance(output, str):
+                where = f"input[{i}].output"
+                raise _invalid(f"'{where}' must be a string or an array of parts", where)
 
 
 def _is_token(value: object) -> TypeGuard[int]:
@@ -135,14 +154,31 @@ def _check_prompt(prompt: Any) -> None:
         raise _invalid(message, "prompt")
 
 
+# The output limit's fields, in the order vLLM reads them: a chat's ``max_completion_tokens`` wins
+# over its ``max_tokens``; completions know only ``max_tokens``, responses ``max_output_tokens``.
+_CHAT_LIMIT: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+_COMPLETION_LIMIT: tuple[str, ...] = ("max_tokens",)
+_RESPONSE_LIMIT: tuple[str, ...] = ("max_output_tokens",)
+
+
 def max_tokens_of(parsed: Mapping[str, Any]) -> int | None:
-    """The completion's token limit, when the client set a usable one (the engine judges the rest)."""
-    value = parsed.get("max_tokens")
-    if value is None:
-        value = parsed.get("max_completion_tokens")
-    if value is None:
-        value = parsed.get("max_output_tokens")
-    return value if _is_token(value) and value > 0 else None
+    """The most tokens the engine will generate for this request, read as vLLM reads it; None when
+    the client set none. The one reading of it: rate limits, fair-queue charges, slot predictions
+    and deadlines all take this value. A limit that is not a positive integer is a 400 naming it."""
+    if "messages" in parsed:
+        names = _CHAT_LIMIT
+    elif "prompt" in parsed:
+        names = _COMPLETION_LIMIT
+    else:
+        names = _RESPONSE_LIMIT
+    for name in names:
+        value = parsed.get(name)
+        if value is None:
+            continue
+        if not _is_token(value) or value < 1:
+            raise _invalid(f"'{name}' must be a positive integer", name)
+        return value
+    return None
 
 
 def with_priority(body: bytes, priority: int | None, replace: bool) -> bytes:

@@ -24,6 +24,8 @@ _COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 
 class Exchange:
     __slots__ = (
+        "_usage",
+        "_usage_of",
         "admission",
         "attempts",
         "batch_id",
@@ -72,13 +74,18 @@ class Exchange:
         self.tail = b""
         self.batch_id: str | None = None
         self.custom_id: str | None = None
+        self._usage: tuple[int | None, int | None] = (None, None)
+        self._usage_of = b""
 
     def duration_s(self) -> float:
         return time.monotonic() - self.started
 
     def usage(self) -> tuple[int | None, int | None]:
         """(prompt, completion) tokens as the engine reported them, where its answer said."""
-        return read_usage(self.tail)
+        # Read once per tail: the relay, the tenant counters and the access log all ask.
+        if self._usage_of is not self.tail:
+            self._usage, self._usage_of = read_usage(self.tail), self.tail
+        return self._usage
 
 
 def read_usage(data: bytes) -> tuple[int | None, int | None]:

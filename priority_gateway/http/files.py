@@ -7,17 +7,21 @@ Rules:
   a ``Content-Length``.
 - The small JSON bodies of the control endpoints (batches, admin) are read up to
   ``MAX_JSON_BODY`` bytes, the same way.
+- A download streams the file from the store in pieces as the client reads it; at most
+  ``limits.max_downloads`` run at once (one more gets 503 ``too_many_downloads``), each for at most
+  ``limits.download_timeout_s`` (``priority_gateway.http.connection`` closes it then).
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from starlette.datastructures import UploadFile
-from starlette.types import Message, Receive
+from starlette.types import Message, Receive, Scope, Send
 
 from priority_gateway.auth import Principal
 from priority_gateway.batch.service import expires_after_seconds
@@ -80,6 +84,37 @@ async def read_json_object(request: Request, empty: dict[str, Any] | None = None
     return body
 
 
+class Downloads:
+    """Downloads in progress, at most ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running = 0
+
+    def take(self) -> None:
+        if self.running >= self.limit:
+            message = f"{self.limit} file downloads are in progress already; retry shortly"
+            raise ApiError(503, message, "too_many_downloads", retry_after_s=1.0)
+        self.running += 1
+
+    def give_back(self) -> None:
+        self.running -= 1
+
+
+class DownloadResponse(StreamingResponse):
+    """A file's body streamed as it is read from the store; its download slot is given back when it ends."""
+
+    def __init__(self, pieces: AsyncIterator[bytes], size: int, downloads: Downloads) -> None:
+        super().__init__(pieces, media_type="application/octet-stream", headers={"content-length": str(size)})
+        self.downloads = downloads
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.downloads.give_back()
+
+
 def json_response(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
@@ -137,6 +172,7 @@ async def _upload_fields(form: Any) -> tuple[bytes, str, str, int | None]:
 def files_router(gateway: Gateway) -> APIRouter:
     router = APIRouter()
     service = gateway.batches
+    downloads = Downloads(gateway.config.limits.max_downloads)
 
     @router.post("/v1/files")
     async def upload(request: Request) -> Response:
@@ -178,8 +214,14 @@ def files_router(gateway: Gateway) -> APIRouter:
 
     @router.get("/v1/files/{file_id}/content")
     async def content(file_id: str, request: Request) -> Response:
-        data = await service.file_content(await owner_of(gateway, request), file_id)
-        return Response(data, media_type="application/octet-stream")
+        owner = await owner_of(gateway, request)
+        downloads.take()
+        try:
+            size, pieces = await service.file_content(owner, file_id)
+        except BaseException:
+            downloads.give_back()
+            raise
+        return DownloadResponse(pieces, size, downloads)
 
     @router.delete("/v1/files/{file_id}")
     async def delete(file_id: str, request: Request) -> Response:

@@ -5,6 +5,7 @@ prompt and stream flag), asks the core where to go, and relays the engine's byte
 timestamping streamed chunks for TTFT and inter-token latency.
 
 Rules:
+- Where keys are required the key is checked on the headers, before the body is read.
 - Only the raw body and the routing fields in ``RouteRequest`` outlive parsing; the bodies
   waiting in a pool's queue together stay within ``limits.max_queued_bytes``.
 - A client that disconnects is noticed wherever its request is: queued (its place is freed
@@ -19,8 +20,10 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import itertools
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -35,6 +38,7 @@ from priority_gateway.core.request import RouteRequest
 from priority_gateway.errors import ApiError, error_body
 from priority_gateway.http.answers import engine_error, is_event_stream, is_json, json_object, not_json
 from priority_gateway.http.body import check_responses, parse_body, with_priority
+from priority_gateway.http.cycle import DISCONNECT
 from priority_gateway.http.exchange import USAGE_TAIL, Exchange
 from priority_gateway.http.model_names import ModelNames, with_model
 from priority_gateway.http.refusals import refused
@@ -47,17 +51,23 @@ from priority_gateway.http.seams import (
     RelayMetrics,
     TenantCounts,
 )
+from priority_gateway.metrics import observe_times
 from priority_gateway.ratelimit import Meter
+from priority_gateway.sessions import SESSION_HEADERS
 from priority_gateway.upstream.h1 import ConnectError, OutOfDescriptors, ReadTimeout, Response, UpstreamError
 
 if TYPE_CHECKING:
-    from priority_gateway.auth import Authenticator
+    from priority_gateway.auth import Authenticator, Principal
     from priority_gateway.config import UpstreamConfig
+    from priority_gateway.config.limits import ClientLimits
     from priority_gateway.core.classes import Budget
-    from priority_gateway.http.tracing import Tracing
-    from priority_gateway.limits import ClientLimits
+    from priority_gateway.http.tracing import RequestSpan, Tracing
 
 _SSE_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+# Request ids the gateway makes: 32 hex digits, as a UUID's, from a random prefix of this process
+# and a counter (unique across replicas and restarts, without a random draw per request).
+_ID_PREFIX = os.urandom(10).hex()
+_ID_SERIAL = itertools.count()
 CLIENT_GONE = 499
 
 
@@ -87,13 +97,14 @@ _ENGINE_HEADERS = ((b"content-type", b"application/json"),)
 
 
 class _RequestHeaders:
-    __slots__ = ("authorization", "priority", "request_id", "session", "slo_tpot", "slo_ttft")
+    __slots__ = ("authorization", "priority", "request_id", "sessions", "slo_tpot", "slo_ttft")
 
     def __init__(self, raw: Sequence[tuple[bytes, bytes]]) -> None:
         self.authorization: bytes | None = None
         self.priority: str | None = None
         self.request_id: str | None = None
-        self.session: str | None = None
+        self.sessions: dict[bytes, bytes] | None = None
+        """The headers that may name the request's session (``SESSION_HEADERS``), for ``Placement``."""
         self.slo_ttft: str | None = None
         self.slo_tpot: str | None = None
         for name, value in raw:
@@ -106,8 +117,10 @@ class _RequestHeaders:
                 # Echoed in our headers and the engine's: printable ASCII only, else we make our own.
                 if value and len(value) <= 128 and value.isascii() and value.decode("ascii").isprintable():
                     self.request_id = value.decode("ascii")
-            elif name == b"x-session-id":
-                self.session = value.decode("latin-1")[:256]
+            elif name in SESSION_HEADERS:
+                if self.sessions is None:
+                    self.sessions = {}
+                self.sessions.setdefault(name, value)
             elif name == b"x-slo-ttft-ms":
                 self.slo_ttft = value.decode("latin-1")
             elif name == b"x-slo-tpot-ms":
@@ -268,7 +281,7 @@ class Proxy:
     ) -> None:
         started = time.monotonic()
         headers = _RequestHeaders(raw_headers)
-        request_id = headers.request_id or uuid.uuid4().hex
+        request_id = headers.request_id or f"{_ID_PREFIX}{next(_ID_SERIAL):012x}"
         record = Exchange(request_id, endpoint.name, started)
         logged = log.REQUEST_ID.set(request_id)
         span = self.tracing.request(scope, raw_headers) if self.tracing is not None else None
@@ -278,51 +291,24 @@ class Proxy:
         call = _Call()
         watcher: asyncio.Task[None] | None = None
         try:
+            # The key is judged on the headers, before any of the body is read: a caller without
+            # one never makes the gateway hold what it sends.
+            principal = await self.auth.authenticate(headers.authorization) if self.auth.required else None
             body = source if isinstance(source, bytes) else await self._read_body(source)
             parsed = parse_body(body, endpoint.required, endpoint.check)
-            principal = await self.auth.authenticate(headers.authorization) if self.auth.required else None
-            if principal is not None:
-                record.key_id, record.key_name, record.tenant = principal.key_id, principal.name, principal.tenant
-            try:
-                cls = record.cls = classify(
-                    headers.priority,
-                    principal.default_class if principal else "interactive",
-                    principal.allowed if principal else None,
-                    self.budgets,
-                )
-                budget = self.budgets[cls]
-                if headers.slo_ttft is not None or headers.slo_tpot is not None:
-                    budget = budget.tightened(headers.slo_ttft, headers.slo_tpot)
-            except ClassificationError as exc:
-                raise refused(exc.reason, exc.message, exc.param) from None
-            req = self.placement.route_request(parsed, endpoint.hashes_prompt, cls, budget, headers.session, started)
-            if principal is not None:
-                req.tenant, req.weight, req.max_concurrency = (
-                    principal.tenant,
-                    principal.weight,
-                    principal.max_concurrency,
-                )
+            req = self._route_request(endpoint, headers, parsed, principal, record, started)
             stream = record.stream = parsed.get("stream") is True
-            record.model = req.model
-            record.prompt_estimate = req.prompt_tokens or None
             own_priority = "priority" in parsed
-            names = None
-            if req.alias is not None:
-                body = with_model(parsed, req.model)
-                names = ModelNames(req.alias, req.model)
+            body, names = _renamed(body, parsed, req)
             # Only the raw bytes wait in the queue; what routing needed is in ``req``.
             del parsed
             if principal is not None and self.rate_limits is not None:
-                await self.rate_limits.admit(principal, req)
-                meter = self.rate_limits.meter(principal, req, send)
-                send = meter.send if meter is not None else send
+                send, meter = await self._metered(self.rate_limits, principal, req, send)
             if not isinstance(source, bytes):
-                watcher = asyncio.create_task(self._watch_disconnect(source, call))
+                watcher = self._watch_client(source, scope, call)
             dispatch = await self._admit(req, len(body), record)
             record.pool = dispatch.pool
-            engine_headers: tuple[tuple[bytes, bytes], ...] = (*_ENGINE_HEADERS, (b"x-request-id", request_id.encode()))
-            if span is not None:
-                engine_headers += tuple(span.engine_headers())
+            engine_headers = _engine_headers(request_id, span)
             upstream = _Upstream(endpoint, body, stream, own_priority, request_id, started, record, engine_headers)
             upstream.names, upstream.engine_header = names, self.engine_header
             while await self._relay(send, upstream, dispatch, call):
@@ -346,15 +332,78 @@ class Proxy:
             failure = ApiError(500, f"the gateway failed on this request (request id {request_id})", "internal_error")
             await self._send_error(send, failure, record)
         finally:
-            if watcher is not None:
-                watcher.cancel()
-            if meter is not None:
-                meter.close()  # a client gone mid-stream is charged for what it was sent
-            if self.access_log:
-                accesslog.write(record)
-            if span is not None:
-                span.end(record)
-            log.REQUEST_ID.reset(logged)
+            self._ended(record, watcher, meter, span, logged)
+
+    def _route_request(
+        self,
+        endpoint: Endpoint,
+        headers: _RequestHeaders,
+        parsed: Mapping[str, Any],
+        principal: Principal | None,
+        record: Exchange,
+        started: float,
+    ) -> RouteRequest:
+        """What routing needs of the request: its class and budget (its key's and its headers'), and
+        from its body the model, prompt and session, the session kept within the key's tenant."""
+        if principal is not None:
+            record.key_id, record.key_name, record.tenant = principal.key_id, principal.name, principal.tenant
+        try:
+            cls = record.cls = classify(
+                headers.priority,
+                principal.default_class if principal else "interactive",
+                principal.allowed if principal else None,
+                self.budgets,
+            )
+            budget = self.budgets[cls]
+            if headers.slo_ttft is not None or headers.slo_tpot is not None:
+                budget = budget.tightened(headers.slo_ttft, headers.slo_tpot)
+        except ClassificationError as exc:
+            raise refused(exc.reason, exc.message, exc.param) from None
+        req = self.placement.route_request(parsed, endpoint.hashes_prompt, cls, budget, headers.sessions, started)
+        if principal is not None:
+            req.tenant, req.weight, req.max_concurrency = principal.tenant, principal.weight, principal.max_concurrency
+            if req.session is not None:
+                req.session = f"{principal.tenant}\0{req.session}"  # one tenant's ids never meet another's
+        record.model = req.model
+        record.prompt_estimate = req.prompt_tokens or None
+        return req
+
+    @staticmethod
+    async def _metered(
+        rate_limits: RateLimits, principal: Principal, req: RouteRequest, send: Send
+    ) -> tuple[Send, Meter | None]:
+        """The key's rate limits admit the request (or refuse it); what it is sent is then charged."""
+        reserved = await rate_limits.admit(principal, req)
+        meter = rate_limits.meter(principal, req, send, reserved)
+        return (meter.send if meter is not None else send), meter
+
+    def _watch_client(self, receive: Receive, scope: Mapping[str, Any], call: _Call) -> asyncio.Task[None] | None:
+        """Notice the client leaving while its request waits or runs: a task reading ``receive``, None
+        where the server tells of a disconnect itself (no task waiting on ``receive`` for it)."""
+        watch = scope.get("extensions", {}).get(DISCONNECT)
+        if watch is not None:
+            watch(call.disconnected)
+            return None
+        return asyncio.create_task(self._watch_disconnect(receive, call))
+
+    def _ended(
+        self,
+        record: Exchange,
+        watcher: asyncio.Task[None] | None,
+        meter: Meter | None,
+        span: RequestSpan | None,
+        logged: contextvars.Token[str | None],
+    ) -> None:
+        """However the request ended: its watcher stopped, its use charged, its access log line and span written."""
+        if watcher is not None:
+            watcher.cancel()
+        if meter is not None:
+            meter.close()  # a client gone mid-stream is charged for what it was sent
+        if self.access_log:
+            accesslog.write(record)
+        if span is not None:
+            span.end(record)
+        log.REQUEST_ID.reset(logged)
 
     # -- parsing -------------------------------------------------------------------
 
@@ -501,23 +550,9 @@ class Proxy:
             if upstream.stream and status == 200 and is_event_stream(content_type):
                 await self._stream(send, upstream, response, dispatch, call)
             else:
-                payload = await response.read()
-                call.done = True
-                if status != 200:
-                    failure = engine_error(status, content_type, payload)
-                elif upstream.stream or not is_json(content_type) or json_object(payload) is None:
-                    failure = not_json(status, content_type)
+                failure = await self._whole(send, upstream, response, dispatch, call, content_type)
                 if failure is not None:
                     status = failure.status
-                    self._engine_failed(dispatch, upstream, f"engine answered {response.status}", "answer")
-                else:
-                    if upstream.names is not None:
-                        payload = upstream.names.restore(payload)
-                    head = upstream.head(dispatch, content_type, payload)
-                    await send({"type": "http.response.start", "status": 200, "headers": head})
-                    await send({"type": "http.response.body", "body": payload})
-                    upstream.record.bytes_out = len(payload)
-                    upstream.record.tail = payload
         except asyncio.CancelledError:
             if call.preempted:
                 _uncancel()
@@ -556,7 +591,38 @@ class Proxy:
         self._count(upstream.record, status)
         return False
 
-    def _engine_failed(self, dispatch: Dispatch, upstream: _Upstream, reason: str, kind: str) -> None:
+    async def _whole(
+        self,
+        send: Send,
+        upstream: _Upstream,
+        response: Response,
+        dispatch: Dispatch,
+        call: _Call,
+        content_type: bytes | None,
+    ) -> ApiError | None:
+        """An answer that is not streamed, relayed in one piece; the error to answer instead when it is
+        not what the client asked for (an engine error, or not the JSON object expected)."""
+        payload = await response.read()
+        call.done = True
+        status = response.status
+        failure = None
+        if status != 200:
+            failure = engine_error(status, content_type, payload)
+        elif upstream.stream or not is_json(content_type) or json_object(payload) is None:
+            failure = not_json(status, content_type)
+        if failure is not None:
+            self._engine_failed(dispatch, f"engine answered {status}", "answer")
+            return failure
+        if upstream.names is not None:
+            payload = upstream.names.restore(payload)
+        head = upstream.head(dispatch, content_type, payload)
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": payload})
+        upstream.record.bytes_out = len(payload)
+        upstream.record.tail = payload
+        return None
+
+    def _engine_failed(self, dispatch: Dispatch, reason: str, kind: str) -> None:
         self.metrics.upstream_errors.labels(dispatch.pool, dispatch.engine.id, kind).inc()
         log.warning("upstream_failed", engine=dispatch.engine.id, reason=reason)
 
@@ -566,7 +632,7 @@ class Proxy:
         """An attempt that failed or ran out of time: the error to answer, or None when the
         stream had started and ends with an error event instead."""
         status = 504 if timed_out else 502
-        self._engine_failed(dispatch, upstream, reason, "timeout" if timed_out else "midstream")
+        self._engine_failed(dispatch, reason, "timeout" if timed_out else "midstream")
         call.done = True
         if not call.streaming:
             code = "upstream_timeout" if timed_out else "upstream_error"
@@ -613,7 +679,7 @@ class Proxy:
                 call.events = 1
                 ttft = record.ttft_s = last - upstream.started
                 ttft_metric.observe(ttft)
-                admission.observe_ttft(dispatch, ttft, last)
+                admission.observe_ttft(dispatch, ttft)
             while chunk is not None:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 sent += len(chunk)
@@ -630,9 +696,8 @@ class Proxy:
                 # one gap per step): one gap per read would read as a slower engine than it is.
                 gap = (now - last) / events
                 last = now
-                for _ in range(events):
-                    itl_metric.observe(gap)
-                    admission.observe_itl(dispatch, gap, now)
+                observe_times(itl_metric, gap, events)
+                admission.observe_itl(dispatch, gap, now, events)
         finally:
             record.bytes_out += sent
             record.tail = older[-USAGE_TAIL:] + previous
@@ -703,6 +768,23 @@ def _uncancel() -> None:
     current = asyncio.current_task()
     if current is not None:
         current.uncancel()
+
+
+def _renamed(body: bytes, parsed: dict[str, Any], req: RouteRequest) -> tuple[bytes, ModelNames | None]:
+    """The body the engine is sent, naming the served model where the client named an alias, and the
+    names to restore in what the engine answers (None: no alias, nothing rewritten)."""
+    if req.alias is None:
+        return body, None
+    return with_model(parsed, req.model), ModelNames(req.alias, req.model)
+
+
+def _engine_headers(request_id: str, span: RequestSpan | None) -> tuple[tuple[bytes, bytes], ...]:
+    """What every attempt of a request sends the engine beside its body: content type, ``x-request-id``,
+    and the trace context of the request's span."""
+    headers: tuple[tuple[bytes, bytes], ...] = (*_ENGINE_HEADERS, (b"x-request-id", request_id.encode()))
+    if span is not None:
+        headers += tuple(span.engine_headers())
+    return headers
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ ANSWERS: dict[Refusal, tuple[int, str]] = {
     Refusal.INVALID_HEADER: (400, "invalid_header"),
     Refusal.CLASS_NOT_ALLOWED: (403, "class_not_allowed"),
     Refusal.NO_HEALTHY_ENGINE: (503, "no_healthy_engine"),
+    Refusal.MODEL_NOT_SERVED: (404, "model_not_found"),
     Refusal.QUEUE_FULL: (429, "queue_full"),
     Refusal.SHED: (429, "shed"),
     Refusal.SLO_BUDGET_EXCEEDED: (429, "slo_budget_exceeded"),

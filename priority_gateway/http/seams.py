@@ -45,9 +45,9 @@ class Admission(Protocol):
 
     def stopped(self, req: RouteRequest) -> None: ...
 
-    def observe_ttft(self, dispatch: Dispatch, seconds: float, now: float) -> None: ...
+    def observe_ttft(self, dispatch: Dispatch, seconds: float) -> None: ...
 
-    def observe_itl(self, dispatch: Dispatch, seconds: float, now: float) -> None: ...
+    def observe_itl(self, dispatch: Dispatch, seconds: float, now: float, times: int = 1) -> None: ...
 
 
 class Placement(Protocol):
@@ -59,7 +59,7 @@ class Placement(Protocol):
         hashes_prompt: bool,
         cls: str,
         budget: Budget,
-        session: str | None,
+        session_headers: Mapping[bytes, bytes] | None,
         arrival: float,
     ) -> RouteRequest: ...
 
@@ -94,9 +94,11 @@ class AdapterLoading(Protocol):
 class RateLimits(Protocol):
     """Requests and tokens per minute of an API key."""
 
-    def admit(self, principal: Principal, req: RouteRequest) -> Awaitable[None]: ...
+    def admit(self, principal: Principal, req: RouteRequest) -> Awaitable[int]:
+        """Count the request (429 over a limit); the output tokens it reserved under the token limit."""
+        ...
 
-    def meter(self, principal: Principal, req: RouteRequest, send: Send) -> Meter | None: ...
+    def meter(self, principal: Principal, req: RouteRequest, send: Send, reserved: int = 0) -> Meter | None: ...
 
 
 class TenantCounts(Protocol):

@@ -19,14 +19,20 @@ Rules:
 - A batch line is an INTERNAL span named after its batch, parent of the request span of each
   attempt that runs it.
 - Spans leave from the SDK's batch processor thread, never from the event loop.
+- Trace headers are client input: one over its W3C size (``TRACE_HEADER_BYTES``) is dropped
+  before the propagator sees it, and said so in at most one short line every ``DROPPED_LOG_S``;
+  the propagators' own warnings, which quote what the client sent, are not logged.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from priority_gateway import log
 from priority_gateway.config.schema import ConfigError
 
 if TYPE_CHECKING:
@@ -42,6 +48,14 @@ _OPERATIONS = {
     "/v1/embeddings": "embeddings",
 }
 Headers = Sequence[tuple[bytes, bytes]]
+# The W3C limits: traceparent and tracestate 512 characters, baggage 8,192 bytes.
+TRACE_HEADER_BYTES = {b"traceparent": 512, b"tracestate": 512, b"baggage": 8192}
+DROPPED_LOG_S = 10.0
+_PROPAGATOR_LOGGERS = (
+    "opentelemetry.baggage.propagation",
+    "opentelemetry.trace.propagation",
+    "opentelemetry.trace.span",
+)
 
 
 class TracingError(ConfigError):
@@ -122,6 +136,10 @@ class Tracing:
         self._trace = trace
         self._propagator = propagate.get_global_textmap()
         self._fields = frozenset(name.encode() for name in self._propagator.fields)
+        for name in _PROPAGATOR_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
+        self.dropped = 0
+        self._dropped_logged_at = -DROPPED_LOG_S
 
     def request(self, scope: Mapping[str, Any], headers: Headers) -> RequestSpan:
         """The span of one request, started now under the caller's trace context, if any."""
@@ -129,6 +147,9 @@ class Tracing:
         agent = None
         for name, value in headers:
             if name in self._fields:
+                if len(value) > TRACE_HEADER_BYTES.get(name, 8192):
+                    self._drop(name, len(value))
+                    continue
                 carrier[name.decode()] = value.decode("latin-1")
             elif name == b"user-agent":
                 agent = value.decode("latin-1")
@@ -153,6 +174,14 @@ class Tracing:
             f"{scope['method']} {path}", context=parent, kind=self._trace.SpanKind.SERVER, attributes=attributes
         )
         return RequestSpan(self, span, parent)
+
+    def _drop(self, name: bytes, size: int) -> None:
+        self.dropped += 1
+        now = time.monotonic()
+        if now - self._dropped_logged_at >= DROPPED_LOG_S:
+            self._dropped_logged_at = now
+            limit = TRACE_HEADER_BYTES.get(name, 8192)
+            log.info("trace_header_dropped", header=name.decode(), bytes=size, limit=limit, total=self.dropped)
 
     def batch_line(self, batch_id: str, custom_id: str) -> LineSpan:
         span = self.tracer.start_span(

@@ -9,12 +9,18 @@ Rules:
 - Lookups are cached for ``keys.cache_s`` (a revoked key stops working within that time on
   every replica). While the store is unreachable, cached keys keep working and unknown
   ones get 503, so interactive traffic from known callers survives a store outage. A replica
-  that has never reached its store requires keys (``auto`` fails closed).
+  that has never reached its store requires keys (``auto`` fails closed), and a request without
+  one gets 503 ``store_unavailable``, not 401: whether it needs a key is not known yet.
 - The cache keeps the ``CACHE_ENTRIES`` keys used last, and apart from them as many ids
   that matched no key: a flood of made-up keys never pushes out the keys of real callers.
+- A tenant's cap and weight bind all its keys: a key of a tenant runs under the tightest
+  ``max_concurrency`` and the lowest ``weight`` of the tenant's active keys (read from the store
+  every ``keys.cache_s``, and from each key looked up), so a sibling key without a cap never
+  lifts the tenant's.
 - Batch lines run in-process as their owner with a credential that never leaves the
   process (``internal_authorization``): batch class only, no per-minute limits, as
-  OpenAI's Batch API keeps its own limits apart from the interactive ones.
+  OpenAI's Batch API keeps its own limits apart from the interactive ones; the owner's tenant,
+  weight and cap apply to them as to its own requests.
 - ``keys.admin`` (usually from ``GATEWAY__KEYS__ADMIN``) guards the /admin/keys endpoints.
 """
 
@@ -24,11 +30,12 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import math
 import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from priority_gateway import log
 from priority_gateway.auth import ANONYMOUS, Authenticator, Principal
@@ -116,7 +123,11 @@ def new_key(
     return key, secret
 
 
-def principal_of(key: ApiKey) -> Principal:
+def principal_of(key: ApiKey, tenant: TenantTerms | None = None) -> Principal:
+    """The key's principal; ``tenant``: its tenant's terms over all its keys (else the key's own)."""
+    weight, cap = key.weight, key.max_concurrency
+    if tenant is not None:
+        weight, cap = min(weight, tenant.weight), _tightest(cap, tenant.max_concurrency)
     return Principal(
         key.id,
         key.name,
@@ -125,9 +136,39 @@ def principal_of(key: ApiKey) -> Principal:
         key.rpm,
         key.tpm,
         tenant=key.tenant or key.id,
-        weight=key.weight,
-        max_concurrency=key.max_concurrency,
+        weight=weight,
+        max_concurrency=cap,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class TenantTerms:
+    """What binds every key of one tenant: the lowest weight and the tightest cap among them."""
+
+    weight: float
+    max_concurrency: int | None
+
+    def joined(self, key: ApiKey) -> TenantTerms:
+        return TenantTerms(min(self.weight, key.weight), _tightest(self.max_concurrency, key.max_concurrency))
+
+
+def _tightest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def join_tenant(terms: dict[str, TenantTerms], key: ApiKey) -> None:
+    """Count ``key`` in its tenant's terms (a key without a tenant, or revoked, counts in none)."""
+    if key.tenant and key.active:
+        known = terms.get(key.tenant)
+        terms[key.tenant] = known.joined(key) if known else TenantTerms(key.weight, key.max_concurrency)
+
+
+def tenant_terms(keys: Sequence[ApiKey]) -> dict[str, TenantTerms]:
+    """Each named tenant's terms over its active keys."""
+    out: dict[str, TenantTerms] = {}
+    for key in keys:
+        join_tenant(out, key)
+    return out
 
 
 def _bearer(authorization: bytes | None) -> str | None:
@@ -184,6 +225,8 @@ class KeyAuthenticator:
         self._internal = secrets.token_hex(16).encode()
         self._known = _Lru(CACHE_ENTRIES)
         self._unknown = _Lru(CACHE_ENTRIES)
+        self._tenants: dict[str, TenantTerms] = {}
+        self._tenants_at = -math.inf
         self._refresher: asyncio.Task[None] | None = None
 
     @property
@@ -192,10 +235,14 @@ class KeyAuthenticator:
             return self._mode
         return True if self._any_keys is None else self._any_keys
 
+    @property
+    def requirement_unknown(self) -> bool:
+        """``required: auto`` and the store has not said yet whether any key exists."""
+        return self._mode is None and self._any_keys is None
+
     async def start(self) -> None:
-        if self._mode is None:
-            await self.refresh()
-            self._refresher = asyncio.create_task(self._refresh_loop(), name="key refresh")
+        await self.refresh()
+        self._refresher = asyncio.create_task(self._refresh_loop(), name="key refresh")
 
     async def stop(self) -> None:
         if self._refresher is not None:
@@ -205,7 +252,11 @@ class KeyAuthenticator:
 
     async def refresh(self) -> None:
         try:
-            self._any_keys = await self.store.active_key_count() > 0
+            if self._mode is None:
+                self._any_keys = await self.store.active_key_count() > 0
+            if time.monotonic() - self._tenants_at >= self.cache_s:
+                self._tenants = tenant_terms(await self.store.list_keys())
+                self._tenants_at = time.monotonic()
         except StoreUnavailable as exc:
             log.warning("key_refresh_failed", reason=str(exc))
 
@@ -227,9 +278,16 @@ class KeyAuthenticator:
         if authorization is not None and authorization.startswith(_INTERNAL):
             token, _, owner = authorization[len(_INTERNAL) :].partition(b" ")
             if hmac.compare_digest(token, self._internal):
-                owner_id = owner.decode()
-                return Principal(owner_id or None, "batch", BATCH, frozenset({BATCH}), tenant=owner_id)
+                return await self._batch_owner(owner.decode())
         secret = _bearer(authorization)
+        if not authorization and self.requirement_unknown:
+            raise ApiError(
+                503,
+                "the gateway's store has not answered yet, so whether this gateway needs an API key is not known; "
+                "retry shortly",
+                "store_unavailable",
+                retry_after_s=1,
+            )
         if secret is None:
             raise ApiError(
                 401,
@@ -240,7 +298,19 @@ class KeyAuthenticator:
         key = await self._lookup(key_id) if key_id else None
         if key is None or not key.active or not hmac.compare_digest(key.secret_hash, hash_secret(secret)):
             raise ApiError(401, "Incorrect API key provided.", "invalid_api_key")
-        return principal_of(key)
+        return principal_of(key, self._tenants.get(key.tenant) if key.tenant else None)
+
+    async def _batch_owner(self, owner_id: str) -> Principal:
+        """A batch line's principal: batch class only, no per-minute limits, its owner's tenant terms."""
+        try:
+            key = await self._lookup(owner_id) if owner_id else None
+        except ApiError:  # the store is down and the key not cached: the line runs all the same
+            key = None
+        if key is None:
+            # No key (keys not required, or revoked: its batches are being cancelled).
+            return Principal(owner_id or None, "batch", BATCH, frozenset({BATCH}), tenant=owner_id)
+        own = principal_of(key, self._tenants.get(key.tenant) if key.tenant else None)
+        return replace(own, default_class=BATCH, allowed=frozenset({BATCH}), rpm=None, tpm=None)
 
     async def _lookup(self, key_id: str) -> ApiKey | None:
         cached = self._known.get(key_id) or self._unknown.get(key_id)
@@ -261,6 +331,7 @@ class KeyAuthenticator:
         else:
             self._unknown.pop(key_id)
             self._known.put(key_id, _Cached(key, now))
+            join_tenant(self._tenants, key)  # a key made since the last refresh tightens its tenant's at once
         return key
 
     def is_admin(self, authorization: bytes | None) -> bool:

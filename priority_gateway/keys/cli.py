@@ -3,8 +3,9 @@ running gateway through its admin API (``--url``).
 
 The command uses only ``store`` and ``keys`` of the config file (and ``GATEWAY__*``
 overrides), though it checks all of it. Keys need a store that outlives the command:
-Redis (``store: redis://...``, shared by every replica) or, for a single in-process
-replica, ``keys.file``. With ``--url`` no store is opened: the gateway at that URL does the
+SQLite (``store: sqlite``, the default: the same file as the gateway's, so no config is needed
+for ``make run``'s gateway), Redis (``store: redis://...``, shared by every replica) or
+``keys.file``. With ``--url`` no store is opened: the gateway at that URL does the
 work, given the admin key (``--admin-key``, else ``$GATEWAY_ADMIN_KEY``).
 """
 
@@ -47,23 +48,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         command.add_argument("--ca-file", help="with an https:// --url: CA bundle that signs the gateway's certificate")
 
 
-def store_settings(path: str | None) -> tuple[str, KeysConfig, tuple[str, ...]]:
+def store_settings(path: str | None) -> tuple[str, KeysConfig, str | None, tuple[str, ...]]:
     config = load_config(path, pools_required=False)
-    return config.store, config.keys, tuple(config.classes.by_name())
+    return config.store, config.keys, config.data_dir, tuple(config.classes.by_name())
 
 
 def main(args: argparse.Namespace) -> int:
     if args.url is not None:
         return _remote(args)
-    url, keys, classes = store_settings(args.config)
+    url, keys, data_dir, classes = store_settings(args.config)
     if url == "memory" and not keys.file:
         print(
             "gateway keys: the in-process store forgets keys when this command ends; "
-            "set store: redis://... or keys.file in the config",
+            "set store: sqlite (the default), redis://... or keys.file in the config",
             file=sys.stderr,
         )
         return 2
-    store = open_store(url, keys.file)
+    store = open_store(url, keys.file, data_dir)
     try:
         return asyncio.run(_run(store, args, classes))
     except StoreUnavailable as exc:
@@ -149,10 +150,15 @@ def _created(key: ApiKey, secret: str) -> None:
 
 
 def _listing(keys: Iterable[ApiKey]) -> None:
-    print(f"{'KEY_ID':<18} {'NAME':<20} {'CLASSES':<20} {'DEFAULT':<12} {'RPM':>7} {'TPM':>9}  STATUS")
+    print(
+        f"{'KEY_ID':<18} {'NAME':<20} {'CLASSES':<20} {'DEFAULT':<12} {'RPM':>7} {'TPM':>9}  "
+        f"{'TENANT':<18} {'WEIGHT':>6} {'MAX_CONC':>8}  STATUS"
+    )
     for key in keys:
         status = "active" if key.active else "revoked " + time.strftime("%Y-%m-%d", time.gmtime(key.revoked_at))
+        tenant = key.tenant or "(itself)"
         print(
             f"{key.id:<18} {key.name[:20]:<20} {','.join(key.classes):<20} {key.default_class:<12} "
-            f"{key.rpm or '-':>7} {key.tpm or '-':>9}  {status}"
+            f"{key.rpm or '-':>7} {key.tpm or '-':>9}  {tenant[:18]:<18} {key.weight:>6g} "
+            f"{key.max_concurrency or '-':>8}  {status}"
         )

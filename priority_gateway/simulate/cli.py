@@ -32,15 +32,33 @@ POLICIES = ("round_robin", "least_loaded", "prefix")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", action="append", default=[], help="trace file (Mooncake .jsonl, Azure .csv), @class")
+    _replay_arguments(p)
+    _engine_and_admission_arguments(p)
+    _replica_arguments(p)
+    _sweep_arguments(p)
+
+
+def _replay_arguments(p: argparse.ArgumentParser) -> None:
+    """The traces replayed, the pools they are replayed on and the batch flood beside them."""
+    p.add_argument(
+        "--trace",
+        action="append",
+        default=[],
+        help="trace file (Mooncake .jsonl, Azure .csv), @class; repeat for several (default: none, then --concurrency)",
+    )
     p.add_argument("--engines", default="8", help="engines per pool: N, or interactive=16,batch=8")
     p.add_argument("--profile", default="gemma4-nvfp4", help="engine profile: P, or interactive=P1,batch=P2")
     p.add_argument("--policy", default="prefix", help=f"comma-separated routing policies: {', '.join(POLICIES)}")
     p.add_argument("--rate-scale", type=float, default=1.0, help="replay the trace X times faster")
-    p.add_argument("--minutes", type=float, default=None, help="replay only the first M minutes")
+    p.add_argument(
+        "--minutes", type=float, default=None, help="replay only the first M minutes (default: the whole trace)"
+    )
     p.add_argument("--engines-per-device", type=int, default=1, help="engines sharing one GPU (taking turns on it)")
     p.add_argument(
-        "--trace-block-tokens", type=int, default=None, help="tokens per trace block (512 as published; fewer shrinks)"
+        "--trace-block-tokens",
+        type=int,
+        default=None,
+        help="tokens per trace block: fewer shrinks every block and prompt by that ratio (default: 512, as published)",
     )
     p.add_argument("--batch-flood", type=int, default=0, help="keep N batch requests outstanding")
     p.add_argument(
@@ -49,14 +67,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="INPUT,OUTPUT",
         help="flood request lengths in tokens (each ±25 %%); default: drawn from the traces",
     )
+
+
+def _engine_and_admission_arguments(p: argparse.ArgumentParser) -> None:
+    """SLO admission and its budgets, the engines' KV cache and context, the pooled-cache ceilings."""
     p.add_argument("--admission", choices=("on", "off"), default="on", help="SLO admission control")
     p.add_argument("--shared-pool", action="store_true", help="one FCFS pool for both classes (the naive baseline)")
     interactive = ClassesConfig().interactive
     p.add_argument("--ttft-ms", type=float, default=interactive.ttft_p99_ms, help="interactive TTFT p99 budget")
     p.add_argument("--itl-ms", type=float, default=interactive.itl_p99_ms, help="interactive ITL p99 budget")
-    p.add_argument("--num-blocks", type=int, default=None, help="override the profile's KV cache blocks")
-    p.add_argument("--max-model-len", type=int, default=None, help="override the profile's max_model_len")
+    p.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks per engine (default: the profile's)")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="longest context per request (default: the profile's max_model_len)",
+    )
     p.add_argument("--no-oracle", action="store_true", help="skip the pooled-cache ceilings (faster)")
+
+
+def _replica_arguments(p: argparse.ArgumentParser) -> None:
+    """Gateway replicas and what they share, the refusals judged, the prefix policy's settings, the seed."""
     p.add_argument("--replicas", type=int, default=1, help="gateway replicas, arrivals spread round robin")
     p.add_argument(
         "--counterfactual",
@@ -79,20 +110,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--share-down",
         default=None,
         metavar="FROM:UNTIL",
-        help="the replicas' channel breaks from FROM until UNTIL seconds into the run (each admits its safe share)",
+        help="the replicas' channel breaks from FROM until UNTIL seconds into the run, each admitting its "
+        "safe share (default: never)",
     )
     p.add_argument(
         "--policy-option",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="prefix policy setting (prefix.policy in docs/configuration.md, or precise=true), e.g. load_factor=2",
+        help="prefix policy setting (prefix.policy in docs/configuration.md, or precise=true), e.g. "
+        "load_factor=2; repeatable (default: none, the configuration's defaults)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--concurrency", default=None, help="single-engine closed-loop sweep: levels like 1,2,4,8")
-    p.add_argument("--input-len", type=int, default=1000, help="sweep prompt length (tokens)")
-    p.add_argument("--output-len", type=int, default=128, help="sweep output length (tokens)")
-    p.add_argument("--json", dest="json_out", default=None, help="write results here")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random draw (arrivals, lengths)")
+
+
+def _sweep_arguments(p: argparse.ArgumentParser) -> None:
+    """The single-engine closed-loop sweep (``--concurrency``), and where the results go."""
+    p.add_argument(
+        "--concurrency",
+        default=None,
+        help="single-engine closed-loop sweep at these levels, like 1,2,4,8 (default: none, replay --trace)",
+    )
+    p.add_argument(
+        "--input-len",
+        type=int,
+        default=2048,
+        help="sweep prompt length in tokens, each drawn within +/-25 %% (default 2048, as make engine-sweep)",
+    )
+    p.add_argument(
+        "--output-len",
+        type=int,
+        default=512,
+        help="sweep output length in tokens, each drawn within +/-25 %% (default 512, as make engine-sweep)",
+    )
+    p.add_argument(
+        "--json", dest="json_out", default=None, help="write the results to this JSON file (default: print them)"
+    )
 
 
 def _span(value: str | None) -> tuple[float, float] | None:
@@ -119,7 +172,10 @@ def _split(value: str, kinds: tuple[str, ...]) -> dict[str, str]:
 
 
 def _profile(name: str, args: argparse.Namespace) -> Profile:
-    profile = load_profile(name)
+    try:
+        profile = load_profile(name)
+    except ValueError as exc:  # unknown, or a file that is not a profile: one line, no traceback
+        raise SystemExit(f"gateway sim: --profile: {exc}") from None
     return profile.with_overrides(num_blocks=args.num_blocks, max_model_len=args.max_model_len)
 
 
@@ -135,7 +191,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     traces = []
     for arg in args.trace:
         path, cls = parse_trace_arg(arg)
-        loaded = load_trace(path, cls, args.minutes)
+        synthetic = str(path).startswith(("poisson:", "hot:"))
+        if not synthetic and not Path(path).is_file():
+            raise SystemExit(f"gateway sim: --trace: no file {str(path)!r}")
+        try:
+            loaded = load_trace(path, cls, args.minutes)
+        except ValueError as exc:  # a spec or file of the wrong kind: one line
+            raise SystemExit(f"gateway sim: --trace: {exc}") from None
         traces.append(scale_blocks(loaded, args.trace_block_tokens) if args.trace_block_tokens else loaded)
     trace = merge(traces, args.rate_scale)
     classes = {r.cls for r in trace} | ({BATCH} if args.batch_flood else set())
@@ -232,7 +294,12 @@ def build_setup(args: argparse.Namespace, policy: str, classes: set[str]) -> Clu
 def _sweep(args: argparse.Namespace) -> dict[str, Any]:
     from priority_gateway.engines.sim.sweep import run_sweep
 
-    levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    try:
+        levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(
+            f"gateway sim: --concurrency: expected levels like 1,2,4,8, got {args.concurrency!r}"
+        ) from None
     profile = _profile(args.profile, args)
     _progress(f"sim: sweep {profile.name} at concurrency {levels} ...")
     results = run_sweep(

@@ -22,28 +22,30 @@ Rules:
 - LoRA (a pool's ``lora_adapters``): its engines run with ``enable_lora`` and those adapters in
   their CPU cache; a trace request's ``adapter`` is its model, and it is scraped back as vLLM's
   ``vllm:lora_requests_info`` (the newest series).
+- Agent sessions (a trace request's ``session`` and ``next_turn``): closed loop, as an agent runs. A
+  turn names its session to the core (``RouteRequest.session``); when it ends, its next turn arrives
+  its ``pause_s`` (the tool call) later; a turn refused ends its session (``sessions_failed``). The
+  reply's blocks are hashed as the next turn's prompt carries them (``output_hash_ids``), so a
+  paused session's whole context is a hit while its engine keeps it.
 - ``replicas`` gateway replicas each get every Nth arrival, as a Service spreads connections;
   each scrapes every engine and sees only its own requests in flight. A tenant in
   ``tenant_replica`` sends everything through that one replica (one client on one connection).
-- With ``share`` on (the server's default on a Redis store), replicas tell each other what they
-  routed and their pending prefill (``priority_gateway/core/sharing.py``) as the server does over Redis:
-  each replica's publisher runs at every multiple of ``share_interval_s`` (0: after every event), as
-  the server's publish loop does: what it has to tell since its previous batch goes out in one
-  batch and reaches every replica, itself included, ``share_delay_s`` later, in the order sent (as
-  Redis delivers a channel's messages), where slots it granted start queued requests at once; every
-  ``share_full_s`` each replica's next batch is full (all its load). With fair queueing, each
-  replica's tenants per pool go in a tenant batch of their own beside it
-  (``priority_gateway/core/tenant_share.py``). The bytes are counted as the server would send them
-  (``encode``). The replicas start having heard each other, as the server's have by the time they
-  serve: each holds its even share of every engine's slots. Sharing does not depend on the routing
-  policy.
+- With ``share`` on (the server's default on a Redis store), the replicas act as one fleet through
+  the product's own ``Fleet`` (``priority_gateway/core/fleet``), as the server's channel drives it over
+  Redis: each replica's ``outgoing`` runs at every multiple of ``share_interval_s`` (0: after every
+  event), its batch's bytes reach every replica, itself included, ``share_delay_s`` later, in the order
+  sent (as Redis delivers a channel's messages), where ``receive`` applies them (slots granted start
+  queued requests at once); every ``share_full_s`` each replica's next batch is full. The bytes are
+  counted as the server sends them. The replicas start settled, having heard each other, as the
+  server's have by the time they serve: each holds its even share of every engine's slots. Sharing
+  does not depend on the routing policy; ``share_tenants`` off keeps tenants' shares each replica's own.
 - ``overfilled`` (admission on): dispatches that left an engine with more gateway requests than the
   highest limit any replica learned for it lets one replica start (none with one replica), and the
   largest excess.
 - ``share_down`` ``(from, until)``: the channel breaks then, as when Redis dies: batches in transit
-  and sent meanwhile are lost, every replica forgets the others (``lost_peers``) and admits its safe
-  share; from ``until`` batches flow again and each returns to shared admission once settled
-  (``share_full_s`` later, as the server does).
+  and sent meanwhile are lost, every replica's fleet is told (``channel_lost``) and admits its safe
+  share; from ``until`` batches flow again (``channel_up``) and each returns to shared admission once
+  settled (``share_full_s`` later, as the server does).
 - What if: for each request id in ``what_if``, at its arrival the whole cluster is copied and,
   in the copy, that request is admitted whatever admission says; the copy runs until it and
   every request with a latency budget that was alive while it ran have ended, and their records
@@ -58,10 +60,10 @@ import itertools
 import math
 import random
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from priority_gateway.core.classes import BATCH, CLASSES, INTERACTIVE, Budget
+from priority_gateway.core.classes import BATCH, INTERACTIVE, Budget
 from priority_gateway.core.dispatcher import (
     AdmissionSettings,
     Dispatch,
@@ -73,15 +75,15 @@ from priority_gateway.core.dispatcher import (
     Rejection,
 )
 from priority_gateway.core.engines import EngineMetrics
+from priority_gateway.core.fleet import FleetDecisions, FleetSettings
+from priority_gateway.core.fleet.replica import Heard, SafeShareBegan, SafeShareEnded, Sent
+from priority_gateway.core.fleet.wire import Batch, Report, encode
 from priority_gateway.core.lora import LoraInfo
 from priority_gateway.core.models import cache_key
 from priority_gateway.core.precise import DEFAULT_MAX_BLOCKS as PRECISE_MAX_BLOCKS
 from priority_gateway.core.precise import token_block_hashes
 from priority_gateway.core.prefix import chain_seed, hash_blocks
 from priority_gateway.core.request import RouteRequest
-from priority_gateway.core.sharing import Batch, Learned, encode
-from priority_gateway.core.tenant_share import TenantBatch, TenantShares
-from priority_gateway.core.tenant_share import encode as encode_tenants
 from priority_gateway.engines.sim.core import EngineCore, EngineRequest, SharedDevice, StepResult
 from priority_gateway.engines.sim.kv_cache import lru_hit_ratio
 from priority_gateway.engines.sim.lora import LoraAdapter
@@ -112,6 +114,8 @@ class PoolSetup:
     scheduling_policy: str = "fcfs"
     backfill: bool = True
     accept_overflow: bool = False
+    shares_hardware_with: str | None = None
+    """Learn this pool's limits from that pool's gaps (their engines share devices)."""
     lora_adapters: tuple[str, ...] = ()
     """Adapters every engine of the pool serves (LoRA on when any)."""
     max_loras: int = 1
@@ -208,61 +212,26 @@ class Cluster:
         devices: list[SharedDevice] = []
         for pool in setup.pools:
             ids = [f"{pool.name}-{i}" for i in range(pool.engines)]
-            specs.append(
-                PoolSpec(
-                    pool.name,
-                    ids,
-                    policy=setup.policy,
-                    takes_priority=pool.scheduling_policy == "priority",
-                    backfill=pool.backfill,
-                    accept_overflow=pool.accept_overflow,
-                    policy_options=dict(setup.policy_options) if setup.policy == "prefix" else {},
-                )
-            )
+            specs.append(self._pool_spec(pool, ids))
             for i, engine_id in enumerate(ids):
-                device = None
-                if setup.engines_per_device > 1:
-                    if len(self.engines) % setup.engines_per_device == 0:
-                        devices.append(SharedDevice())
-                    device = devices[-1]
-                core = EngineCore(
-                    pool.profile,
-                    model=MODEL,
-                    scheduling_policy=pool.scheduling_policy,
-                    seed=setup.seed * 1000 + i,
-                    kv_events=self.precise,
-                    device=device,
-                    enable_lora=bool(pool.lora_adapters),
-                    max_loras=pool.max_loras,
-                    max_cpu_loras=max(pool.max_loras, len(pool.lora_adapters)),
-                )
-                for n, name in enumerate(pool.lora_adapters):
-                    adapter = self.adapters.setdefault(name, LoraAdapter(name, n + 1, f"/adapters/{name}"))
-                    assert core.lora_slots is not None
-                    core.lora_slots.preload(adapter, False)
-                self.engines[engine_id] = SimEngine(engine_id, pool.name, core)
+                self.engines[engine_id] = SimEngine(engine_id, pool.name, self._engine_core(pool, i, devices))
+        replicas = max(1, setup.replicas)
+        self.sharing = setup.share and replicas > 1
         self.dispatchers = [
             Dispatcher(
                 specs,
                 home=setup.home or None,
                 budgets={cls: b.itl_s for cls, b in setup.budgets.items()},
                 admission=setup.admission,
+                fleet=self._fleet_settings(replica) if self.sharing else None,
             )
-            for _ in range(max(1, setup.replicas))
+            for replica in range(replicas)
         ]
         self._next_replica = itertools.count()
-        self.sharing = setup.share and len(self.dispatchers) > 1
-        if self.sharing:
-            for dispatcher in self.dispatchers:
-                dispatcher.share_learning()
-                dispatcher.safe_share.window_s = setup.share_window_s
-                dispatcher.safe_share.settle_s = setup.share_full_s
         self.share_up = True
         self.safe_share_spans: list[dict[str, float | None]] = []
         self._full_due = False
-        self._sequence = [0 for _ in self.dispatchers]
-        self._tenant_sequence = [0 for _ in self.dispatchers]
-        self.share_stats = {"batches": 0, "facts": 0, "bytes": 0, "applied": 0, "tenant_batches": 0}
+        self.share_stats = {"batches": 0, "facts": 0, "bytes": 0, "applied": 0}
         self.overfilled = {"dispatches": 0, "max_excess": 0}
         self.records: dict[str, Record] = {}
         self._events: list[tuple[float, int, int, Any]] = []
@@ -270,13 +239,51 @@ class Cluster:
         self._seed = chain_seed(MODEL)
         self._flood_rng = random.Random(setup.seed)
         self._flood_pool: list[TraceRequest] = []
-        self._flood_open = 0
         self._flood_ids = itertools.count()
         self.now = 0.0
         self.end_of_arrivals = 0.0
         self._pending_arrivals = 0
         self.what_if: set[str] = set()
         self.what_if_records: dict[str, WhatIf] = {}
+
+    def _pool_spec(self, pool: PoolSetup, ids: list[str]) -> PoolSpec:
+        setup = self.setup
+        return PoolSpec(
+            pool.name,
+            ids,
+            policy=setup.policy,
+            takes_priority=pool.scheduling_policy == "priority",
+            backfill=pool.backfill,
+            accept_overflow=pool.accept_overflow,
+            policy_options=dict(setup.policy_options) if setup.policy == "prefix" else {},
+            shares_hardware_with=pool.shares_hardware_with,
+        )
+
+    def _engine_core(self, pool: PoolSetup, i: int, devices: list[SharedDevice]) -> EngineCore:
+        """The ``i``-th engine of ``pool``: on a device of its own, or taking turns on the last of
+        ``devices`` (a new one each ``engines_per_device`` engines); its adapters loaded on the CPU."""
+        setup = self.setup
+        device = None
+        if setup.engines_per_device > 1:
+            if len(self.engines) % setup.engines_per_device == 0:
+                devices.append(SharedDevice())
+            device = devices[-1]
+        core = EngineCore(
+            pool.profile,
+            model=MODEL,
+            scheduling_policy=pool.scheduling_policy,
+            seed=setup.seed * 1000 + i,
+            kv_events=self.precise,
+            device=device,
+            enable_lora=bool(pool.lora_adapters),
+            max_loras=pool.max_loras,
+            max_cpu_loras=max(pool.max_loras, len(pool.lora_adapters)),
+        )
+        for n, name in enumerate(pool.lora_adapters):
+            adapter = self.adapters.setdefault(name, LoraAdapter(name, n + 1, f"/adapters/{name}"))
+            assert core.lora_slots is not None
+            core.lora_slots.preload(adapter, False)
+        return core
 
     # -- events ----------------------------------------------------------------------
 
@@ -330,8 +337,6 @@ class Cluster:
                 self._engine_add(*data)
             elif kind == _POLL:
                 for dispatcher in self.dispatchers:
-                    if dispatcher.settle_share(t):
-                        self._safe_share_ended(t)
                     self._handle(dispatcher.poll(t))
                 if self._busy():
                     self._at(t + self.setup.poll_s, _POLL, None)
@@ -350,7 +355,7 @@ class Cluster:
             elif kind == _SHARE_UP:
                 self.share_up = True
                 for dispatcher in self.dispatchers:
-                    dispatcher.share_resumed(t)
+                    dispatcher.fleet.channel_up(t)
             elif kind == _SHARE_FULL:
                 self._share_full()
                 if self._busy():
@@ -378,7 +383,6 @@ class Cluster:
             "flood",
             tr.block_tokens,
         )
-        self._flood_open += 1
         self._at(t, _ARRIVAL, (f"f{next(self._flood_ids)}", flood, True))
 
     def _arrive(self, rid: str, tr: TraceRequest, flood: bool) -> None:
@@ -441,6 +445,7 @@ class Cluster:
             prompt_tokens=tr.input_len,
             max_tokens=tr.output_len,
             prefix=[] if self.precise else hash_blocks(tr.text(), seed),
+            session=tr.session,
             budget=budget,
             restartable=tr.cls == BATCH,
             adapter=tr.adapter,
@@ -494,19 +499,26 @@ class Cluster:
         rec.dispatch = dispatch
         tr = rec.trace
         engine = self.engines[dispatch.engine.id]
-        hashes = block_hashes_for_trace(tr.hash_ids, tr.input_len, tr.block_tokens, engine.core.block_size)
+        block_size = engine.core.block_size
+        hashes = block_hashes_for_trace(
+            tr.hash_ids + tr.output_hash_ids,
+            tr.input_len + len(tr.output_hash_ids) * tr.block_tokens,
+            tr.block_tokens,
+            block_size,
+        )
         limit = engine.core.max_model_len
         prompt = min(tr.input_len, limit - 1)
         max_tokens = max(1, min(tr.output_len, limit - prompt))
         req = EngineRequest(
             _engine_id(rec),
             prompt,
-            hashes[: prompt // engine.core.block_size],
+            hashes[: prompt // block_size],
             max_tokens,
             priority=dispatch.priority or 0,
             arrival=self.now,
             ignore_eos=True,
             lora=self.adapters[tr.adapter] if tr.adapter is not None else None,
+            output_block_hashes=hashes[prompt // block_size :] if tr.output_hash_ids else (),
         )
         delay = engine.core.profile.timing.request_s(prompt)
         if delay > 0:
@@ -532,7 +544,7 @@ class Cluster:
         now = self.now
         if result.kv_events:
             for dispatcher in self.dispatchers:
-                dispatcher.apply_kv_events(engine.id, result.kv_events, now)
+                dispatcher.apply_kv_events(engine.id, result.kv_events)
         finished: list[Record] = []
         for out in result.outputs:
             rid, _, incarnation = out.request_id.rpartition("#")
@@ -543,7 +555,7 @@ class Cluster:
             if out.first_token:
                 rec.first = now
                 rec.cached_tokens = out.cached_tokens
-                self.dispatchers[rec.replica].observe_ttft(rec.dispatch, now - rec.req.arrival, now)
+                self.dispatchers[rec.replica].observe_ttft(rec.dispatch, now - rec.req.arrival)
             elif rec.last is not None:
                 gap = now - rec.last
                 rec.gaps.append(gap)
@@ -563,21 +575,54 @@ class Cluster:
 
     def _closed(self, rec: Record) -> None:
         if rec.flood:
-            self._flood_open -= 1
             self._flood_one(self.now)
+        following = rec.trace.next_turn
+        if following is not None and rec.done is not None:
+            arrival = self.now + following.pause_s
+            self._at(
+                arrival,
+                _ARRIVAL,
+                (f"{rec.req.id.split('.')[0]}.{following.turn}", replace(following, arrival=arrival), False),
+            )
 
     # -- replicas sharing what they learn ---------------------------------------------------
+
+    def _fleet_settings(self, replica: int) -> FleetSettings:
+        setup = self.setup
+        return FleetSettings(
+            replica.to_bytes(16, "big"),
+            silent_s=setup.share_silent_s,
+            window_s=setup.share_window_s,
+            settle_s=setup.share_full_s,
+            tenants=setup.share_tenants,
+            settled=True,
+        )
 
     def _collect_learned(self) -> None:
         """Every replica's publisher: what it has to tell since its previous batch goes out now."""
         full, self._full_due = self._full_due, False
         for replica, dispatcher in enumerate(self.dispatchers):
-            learned = dispatcher.take_learned(full, self.now)
-            if learned:
-                self._share_send(replica, learned)
-            told = dispatcher.take_tenant_shares(full) if self.setup.share_tenants else None
-            if told:
-                self._share_tenants(replica, told)
+            decided = dispatcher.fleet.outgoing(self.now, full)
+            self._fleet_decided(decided)
+            if decided.send is not None and self.share_up:  # the server drops what it cannot publish
+                stats = self.share_stats
+                stats["batches"] += 1
+                stats["bytes"] += len(decided.send)
+                self._at(self.now + self.setup.share_delay_s, _SHARE_ARRIVE, (replica, decided.send))
+
+    def _fleet_decided(self, decided: FleetDecisions) -> None:
+        self._handle(decided)
+        for event in decided.events:
+            if isinstance(event, Heard):
+                self.share_stats["applied"] += event.facts
+            elif isinstance(event, Sent) and self.share_up:
+                self.share_stats["facts"] += event.facts
+            elif isinstance(event, SafeShareBegan):
+                self.safe_share_spans.append(
+                    {"from_s": round(self.now, 3), "until_s": None, "replicas": event.replicas}
+                )
+            elif isinstance(event, SafeShareEnded):
+                self._safe_share_ended(self.now)
 
     def _check_fill(self, engine_id: str) -> None:
         if not self.setup.admission.enabled:
@@ -590,71 +635,40 @@ class Cluster:
 
     def _hear_each_other(self) -> None:
         """Every replica hears of the others, then a round of full batches: each holds its even share."""
-        ids = [replica.to_bytes(16, "big") for replica in range(len(self.dispatchers))]
+        for dispatcher in self.dispatchers:
+            for other in self.dispatchers:
+                if other is not dispatcher:
+                    empty = Batch(other.fleet.own, 0, 0.0, other.fleet.block_chars, Report(full=True))
+                    dispatcher.fleet.receive(encode(empty), 0.0)
+        self._full_due = True
         for replica, dispatcher in enumerate(self.dispatchers):
-            for other, publisher in enumerate(ids):
-                if other != replica:
-                    dispatcher.learn(Batch(publisher, 0, 0.0, 64, Learned([], {}, True)), 0.0)
-        for replica, dispatcher in enumerate(self.dispatchers):
-            self._sequence[replica] += 1
-            batch = Batch(ids[replica], self._sequence[replica], 0.0, 64, dispatcher.take_learned(True, self.now))
-            self._share_arrive((replica, batch))
+            decided = dispatcher.fleet.outgoing(self.now, full=True)
+            if decided.send is not None:
+                self._share_arrive((replica, decided.send))
+        self._full_due = False
 
     def _share_full(self) -> None:
-        """Every replica's heartbeat: its next batch lists all its load; and receivers forget the silent."""
+        """Every replica's heartbeat: its next batch lists everything (and it lets the silent go)."""
         self._full_due = True
         if self.setup.share_interval_s <= 0:
             self._collect_learned()
-        for dispatcher in self.dispatchers:
-            dispatcher.expire_peers(self.now, self.setup.share_silent_s)
 
     def _share_down(self) -> None:
         self.share_up = False
         for dispatcher in self.dispatchers:
-            if dispatcher.lost_peers(self.now):
-                span = {"from_s": round(self.now, 3), "until_s": None, "replicas": dispatcher.safe_share.replicas}
-                self.safe_share_spans.append(span)
+            self._fleet_decided(dispatcher.fleet.channel_lost(self.now))
 
     def _safe_share_ended(self, now: float) -> None:
         open_span = next((span for span in self.safe_share_spans if span["until_s"] is None), None)
         if open_span is not None:
             open_span["until_s"] = round(now, 3)
 
-    def _share_send(self, replica: int, learned: Learned) -> None:
-        if not self.share_up:
-            return  # the server drops what it cannot publish (counted there)
-        self._sequence[replica] += 1
-        batch = Batch(replica.to_bytes(16, "big"), self._sequence[replica], self.now, 64, learned)
-        stats = self.share_stats
-        stats["batches"] += 1
-        stats["facts"] += len(learned.facts)
-        stats["bytes"] += len(encode(batch))
-        self._at(self.now + self.setup.share_delay_s, _SHARE_ARRIVE, (replica, batch))
-
-    def _share_tenants(self, replica: int, told: TenantShares) -> None:
-        if not self.share_up:
-            return
-        self._tenant_sequence[replica] += 1
-        batch = TenantBatch(replica.to_bytes(16, "big"), self._tenant_sequence[replica], told)
-        self.share_stats["tenant_batches"] += 1
-        self.share_stats["bytes"] += len(encode_tenants(batch))
-        self._at(self.now + self.setup.share_delay_s, _SHARE_ARRIVE, (replica, batch))
-
-    def _share_arrive(self, data: tuple[int, Batch | TenantBatch]) -> None:
-        sender, batch = data
+    def _share_arrive(self, data: tuple[int, bytes]) -> None:
+        _, batch = data
         if not self.share_up:
             return  # lost in transit with the channel
-        if isinstance(batch, TenantBatch):
-            for replica, dispatcher in enumerate(self.dispatchers):
-                if replica != sender:
-                    dispatcher.learn_tenants(batch, self.now)
-            return
-        for replica, dispatcher in enumerate(self.dispatchers):
-            if replica == sender:
-                dispatcher.heard_own(batch, batch.learned.serial)
-            else:
-                self.share_stats["applied"] += dispatcher.learn(batch, self.now)[0]
-            self._handle(dispatcher.admit_granted(self.now))
+        for dispatcher in self.dispatchers:
+            self._fleet_decided(dispatcher.fleet.receive(batch, self.now))
 
     def _share_summary(self) -> dict[str, Any] | None:
         if not self.sharing:
@@ -686,10 +700,8 @@ class Cluster:
                 lora=_lora_info(core),
             )
             for dispatcher in self.dispatchers:
-                state = dispatcher.engine(engine.id)
-                if state is not None:
-                    state.mark_scrape_start()
-                    dispatcher.apply_scrape(engine.id, metrics, self.now)
+                dispatcher.scrape_sent(engine.id)
+                dispatcher.apply_scrape(engine.id, metrics, self.now)
 
 
 def _lora_info(core: EngineCore) -> LoraInfo | None:
@@ -715,6 +727,3 @@ def hit_ceiling(trace: list[TraceRequest], capacity_blocks: float, block_size: i
         (tr.input_len, block_hashes_for_trace(tr.hash_ids, tr.input_len, tr.block_tokens, block_size)) for tr in trace
     )
     return lru_hit_ratio(prompts, capacity_blocks, block_size)
-
-
-CLASS_NAMES = CLASSES

@@ -37,7 +37,6 @@ def _imbalance(engines: Iterable[SimEngine]) -> float:
 def _block(
     records: list[Record],
     engines: list[SimEngine],
-    setup: ClusterSetup,
     window: tuple[float, float],
     budgets: dict[str, Budget],
     capacity: tuple[float, int] | None,
@@ -115,16 +114,14 @@ def summarize(setup: ClusterSetup, result: dict[str, Any], oracle: bool = True) 
     }
     pool_blocks = {p.name: (p.engines * p.profile.num_blocks, p.profile.block_size) for p in setup.pools}
     all_blocks = (sum(b for b, _ in pool_blocks.values()), setup.pools[0].profile.block_size)
-    summary = _block(records, list(engines.values()), setup, window, setup.budgets, all_blocks if oracle else None)
+    summary = _block(records, list(engines.values()), window, setup.budgets, all_blocks if oracle else None)
     by_class = {}
     for cls in CLASSES:
         mine = [r for r in records if r.trace.cls == cls]
         if not mine:
             continue
         pool_engines = [e for e in engines.values() if e.pool == home[cls]]
-        by_class[cls] = _block(
-            mine, pool_engines, setup, window, setup.budgets, pool_blocks[home[cls]] if oracle else None
-        )
+        by_class[cls] = _block(mine, pool_engines, window, setup.budgets, pool_blocks[home[cls]] if oracle else None)
     summary["by_class"] = by_class
     summary["by_pool"] = {
         p.name: {

@@ -5,6 +5,10 @@ A request's prompt is known only by its length (and, for Mooncake, the ids of it
 hashes prompt *text*, so each block id becomes deterministic text: shared blocks give
 shared text, distinct blocks distinct text.
 
+``agent:...`` makes agent sessions (``agent_sessions``): each a chain of turns, every turn's prompt
+its session's whole context so far (its previous prompt, the reply, then a tool's output), its next
+turn due a tool pause after it ends; the simulator runs them closed-loop.
+
 ``scale_blocks`` shrinks a trace to fit a smaller machine without changing which prompts share
 what: every block becomes ``block_tokens`` tokens instead of 512, and every prompt shrinks by the
 same ratio.
@@ -13,10 +17,12 @@ same ratio.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
+import math
 import random
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -42,6 +48,16 @@ class TraceRequest:
     """The LoRA adapter the request names as its model (None: the base model)."""
     tenant: str = ""
     """Who sent it, as the key store would name the tenant (fair queueing experiments)."""
+    session: str | None = None
+    """The agent session it is a turn of (``agent_sessions``)."""
+    output_hash_ids: tuple[int, ...] = ()
+    """Ids of the blocks past the prompt that the reply fills, as the session's next turn carries
+    them (an engine hashes generated blocks by their tokens, so the next turn hits them)."""
+    next_turn: TraceRequest | None = field(default=None, repr=False)
+    """The session's next turn: it arrives ``next_turn.pause_s`` after this one ends (closed loop)."""
+    pause_s: float = 0.0
+    """The tool pause before this turn, from the end of the previous one."""
+    turn: int = 1
 
     def text(self) -> str:
         """Prompt text as the gateway would see it (only the part it hashes)."""
@@ -68,6 +84,8 @@ def load_trace(path: Path, cls: str = INTERACTIVE, minutes: float | None = None)
         reqs = poisson(str(path), cls, minutes)
     elif str(path).startswith("hot:"):
         reqs = hot_prompts(str(path), cls, minutes)
+    elif str(path).startswith("agent:"):
+        reqs = agent_spec(str(path), cls, minutes)
     elif path.suffix == ".jsonl":
         reqs = list(_mooncake(path, cls))
     elif path.suffix == ".csv":
@@ -171,6 +189,101 @@ def hot_prompts(spec: str, cls: str = INTERACTIVE, minutes: float | None = None)
         ids = tuple((1 << 45) + which * 4096 + j for j in range(shared)) + tuple(range(next_id, next_id + own))
         next_id += own
         out.append(TraceRequest(t, total, output_len, ids, cls, "hot"))
+
+
+@dataclass(frozen=True, slots=True)
+class SessionShapes:
+    """What agent sessions look like: draws for each quantity (an empirical sample, or a range drawn
+    log-uniformly), the issue's ranges by default."""
+
+    turns: Sequence[int] | tuple[int, int] = (3, 30)
+    appended: Sequence[int] | tuple[int, int] = (200, 4000)
+    """Tokens each turn after the first appends (the tool's output and the next instruction)."""
+    output: Sequence[int] | tuple[int, int] = (24, 1120)
+    pause_s: tuple[float, float] = (1.0, 60.0)
+    first: Sequence[int] | tuple[int, int] = (200, 4000)
+    """The first turn's own message, after the shared system prompt."""
+    system_tokens: int = 2048
+    """The system prompt (instructions, tool definitions) every session of one agent shares."""
+    agents: int = 4
+    """Distinct system prompts (agents): sessions pick one uniformly."""
+
+
+def _draw(rng: random.Random, shape: Sequence[int] | tuple[int, int] | tuple[float, float]) -> float:
+    if isinstance(shape, tuple) and len(shape) == 2:
+        low, high = shape
+        return math.exp(rng.uniform(math.log(low), math.log(high)))
+    return float(rng.choice(shape))
+
+
+def agent_sessions(
+    sessions: int,
+    rate: float,
+    shapes: SessionShapes | None = None,
+    seed: int = 0,
+    cls: str = INTERACTIVE,
+    block_tokens: int = 16,
+) -> list[TraceRequest]:
+    """``sessions`` agent sessions arriving as a Poisson process of ``rate`` sessions/s; the first
+    turns (each carrying its session's later turns in ``next_turn``). A session's context is one
+    stream of blocks of ``block_tokens`` tokens: the agent's system prompt (shared by its sessions),
+    then what the session alone said and was answered, in order; each turn's prompt is the stream
+    so far and its reply the blocks after, which its next turn carries."""
+    shapes = shapes or SessionShapes()
+    rng = random.Random(f"agent/{sessions}/{rate}/{seed}")
+    system_blocks = shapes.system_tokens // block_tokens
+    t = 0.0
+    out: list[TraceRequest] = []
+    for s in range(sessions):
+        t += rng.expovariate(rate)
+        agent = rng.randrange(shapes.agents)
+        stream_base = (1 << 48) + s * (1 << 24)
+        system = tuple((1 << 47) + agent * 4096 + j for j in range(system_blocks))
+        turns = max(1, round(_draw(rng, shapes.turns)))
+        length = system_blocks * block_tokens + max(1, round(_draw(rng, shapes.first)))
+        chain: list[TraceRequest] = []
+        for k in range(turns):
+            if k:
+                length += max(1, round(_draw(rng, shapes.appended)))
+            output = max(1, round(_draw(rng, shapes.output)))
+            blocks = -(-(length + output) // block_tokens)
+            ids = system + tuple(stream_base + j for j in range(system_blocks, blocks))
+            prompt_blocks = -(-length // block_tokens)
+            chain.append(
+                TraceRequest(
+                    t if k == 0 else 0.0,
+                    length,
+                    output,
+                    ids[:prompt_blocks],
+                    cls,
+                    "agent",
+                    block_tokens,
+                    session=f"agent-{seed}-{s}",
+                    output_hash_ids=ids[prompt_blocks:],
+                    pause_s=_draw(rng, shapes.pause_s) if k else 0.0,
+                    turn=k + 1,
+                )
+            )
+            length += output
+        for turn, following in itertools.pairwise(chain):
+            turn.next_turn = following
+        out.append(chain[0])
+    return out
+
+
+def agent_spec(spec: str, cls: str = INTERACTIVE, minutes: float | None = None) -> list[TraceRequest]:
+    """``agent:sessions=N,rate=R[,seed=S][,system=T][,agents=A]``: agent sessions in the issue's
+    ranges (3-30 turns, 200-4,000 tokens appended a turn, tool pauses of 1-60 s, log-uniform)."""
+    fields = dict(part.split("=", 1) for part in spec.removeprefix("agent:").split(",") if part)
+    try:
+        sessions, rate = int(fields["sessions"]), float(fields["rate"])
+        shapes = SessionShapes(system_tokens=int(fields.get("system", 2048)), agents=int(fields.get("agents", 4)))
+    except (KeyError, ValueError):
+        raise ValueError(f"{spec}: expected agent:sessions=N,rate=R[,seed=S][,system=T][,agents=A]") from None
+    reqs = agent_sessions(sessions, rate, shapes, int(fields.get("seed", 0)), cls)
+    if minutes is not None:
+        reqs = [r for r in reqs if r.arrival < minutes * 60.0]
+    return reqs
 
 
 def scale_blocks(trace: list[TraceRequest], block_tokens: int) -> list[TraceRequest]:

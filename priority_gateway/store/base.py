@@ -45,12 +45,27 @@ class StoreUnavailable(RuntimeError):
     """The backend cannot be reached right now; the caller retries later."""
 
 
+class StoreBusy(StoreUnavailable):
+    """Every connection to the backend is in use and none came free in time: load, not an outage
+    (callers that fail open on an outage must not on this)."""
+
+
+BLOB_CHUNK = 1024 * 1024
+"""Bytes a blob is written and read in, at most, per call to the backend."""
+
+
 class Blobs(Protocol):
-    """Where file bodies live."""
+    """Where file bodies live. A body appears whole or not at all (a reader never sees half of it),
+    and can be read in ranges, so that a large one is never held whole to be sent."""
 
     async def put_blob(self, blob_id: str, data: bytes) -> None: ...
 
     async def get_blob(self, blob_id: str) -> bytes | None: ...
+
+    async def read_blob(self, blob_id: str, start: int, length: int) -> bytes | None:
+        """At most ``length`` bytes of the blob from ``start`` (fewer at its end, none past it); None
+        when there is no such blob."""
+        ...
 
     async def delete_blob(self, blob_id: str) -> None: ...
 
@@ -149,5 +164,7 @@ class Store(Blobs, Protocol):
         ...
 
     async def rate_charge(self, key_id: str, tokens: int) -> None:
-        """Add tokens learnt after the fact (a response's completion tokens)."""
+        """Add tokens learnt after the fact (a response's completion tokens beyond what it reserved),
+        or give some back (``tokens`` below 0: a reservation it did not use) to the current minute,
+        whose count never goes below 0."""
         ...

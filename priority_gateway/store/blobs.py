@@ -40,6 +40,14 @@ class DirectoryBlobs:
         except FileNotFoundError:
             return None
 
+    def _read_range(self, blob_id: str, start: int, length: int) -> bytes | None:
+        try:
+            with self._path(blob_id).open("rb") as f:
+                f.seek(start)
+                return f.read(length)
+        except FileNotFoundError:
+            return None
+
     def _delete(self, blob_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._path(blob_id).unlink()
@@ -49,6 +57,9 @@ class DirectoryBlobs:
 
     async def get_blob(self, blob_id: str) -> bytes | None:
         return await asyncio.to_thread(self._read, blob_id)
+
+    async def read_blob(self, blob_id: str, start: int, length: int) -> bytes | None:
+        return await asyncio.to_thread(self._read_range, blob_id, start, length)
 
     async def delete_blob(self, blob_id: str) -> None:
         await asyncio.to_thread(self._delete, blob_id)

@@ -161,6 +161,10 @@ class MemoryStore:
     async def get_blob(self, blob_id: str) -> bytes | None:
         return self._blobs.get(blob_id)
 
+    async def read_blob(self, blob_id: str, start: int, length: int) -> bytes | None:
+        data = self._blobs.get(blob_id)
+        return None if data is None else data[start : start + length]
+
     async def delete_blob(self, blob_id: str) -> None:
         self._blobs.pop(blob_id, None)
 
@@ -383,4 +387,4 @@ class MemoryStore:
     async def rate_charge(self, key_id: str, tokens: int) -> None:
         counts = self._rates.setdefault(key_id, {})
         window = math.floor(time.time() / RATE_WINDOW_S)
-        counts[("tpm", window)] = counts.get(("tpm", window), 0) + tokens
+        counts[("tpm", window)] = max(0, counts.get(("tpm", window), 0) + tokens)

@@ -17,7 +17,6 @@ FAILED = "failed"
 EXPIRED = "expired"
 CANCELLING = "cancelling"
 CANCELLED = "cancelled"
-BATCH_STATUSES = (VALIDATING, IN_PROGRESS, FINALIZING, COMPLETED, FAILED, EXPIRED, CANCELLING, CANCELLED)
 TERMINAL = frozenset({COMPLETED, FAILED, EXPIRED, CANCELLED})
 
 
@@ -136,10 +135,10 @@ class ApiKey:
     None: the key is a tenant of its own."""
     weight: float = 1.0
     """The tenant's weight in fair queueing: while several tenants wait, each gets this share of the
-    total weight of those waiting."""
+    total weight of those waiting (a tenant of several keys has the lowest of theirs)."""
     max_concurrency: int | None = None
     """Most requests of the tenant in flight at once; more wait in the queue (never refused for it).
-    None: no cap."""
+    None: no cap (a tenant of several keys has the tightest cap of theirs)."""
 
     @property
     def active(self) -> bool:

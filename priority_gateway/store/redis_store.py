@@ -14,10 +14,15 @@ Rules:
   ``files:by:<owner>`` and ``batches:by:<owner>`` index each owner's objects for listing;
   ``files:expiry`` orders files by ``expires_at`` for the sweep that deletes them.
 - File bodies are Redis strings unless ``batch.files_dir`` puts them on a shared directory
-  (see ``priority_gateway.store.blobs``).
+  (see ``priority_gateway.store.blobs``), written and read in pieces of ``BLOB_CHUNK`` bytes
+  (written under a name of their own, renamed into place at the end, dropped by Redis an hour
+  after a writer that died), so no one command holds Redis for a large body.
 - Files count against their owner's usage (``files:usage:<owner>``: files and bytes), kept
   with the file records by the same scripts; ``put_file`` refuses a file that would take the
   owner past a given limit, atomically, so replicas cannot race past a quota together.
+- The client holds at most ``POOL_CONNECTIONS`` connections (``?max_connections=`` in the URL
+  overrides it); a call beyond them waits up to ``POOL_WAIT_S`` (``?timeout=``) for one to come
+  free, then fails with ``StoreBusy``: a full pool is load, never reported as an outage.
 - Connection failures surface as ``StoreUnavailable`` after a few quick retries; the client
   reconnects on the next call, so nothing needs restarting when Redis comes back. So do the
   refusals of a Redis that is up but cannot take writes (out of memory, a read-only replica,
@@ -26,6 +31,7 @@ Rules:
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -39,7 +45,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from priority_gateway.store.base import RATE_WINDOW_S, StoreUnavailable
+from priority_gateway.store.base import BLOB_CHUNK, RATE_WINDOW_S, StoreBusy, StoreUnavailable
 from priority_gateway.store.records import (
     IN_PROGRESS,
     TERMINAL,
@@ -213,7 +219,8 @@ RATE_CHARGE = (
     + """
 local w = math.floor(now / tonumber(ARGV[1]))
 local key = KEYS[1] .. ':tpm:' .. w
-redis.call('INCRBY', key, tonumber(ARGV[2]))
+local count = redis.call('INCRBY', key, tonumber(ARGV[2]))
+if count < 0 then redis.call('INCRBY', key, -count) end
 redis.call('PEXPIRE', key, 2 * tonumber(ARGV[1]) + 1000)
 return 1
 """
@@ -296,6 +303,25 @@ def _split_line(value: bytes) -> tuple[str, bytes]:
     return orjson.loads(head), body
 
 
+POOL_CONNECTIONS = 128
+# A body being written in pieces is dropped by Redis if its writer dies before renaming it.
+_PARTIAL_BLOB_S = 3600
+POOL_WAIT_S = 5.0
+
+
+class _BoundedPool(aioredis.BlockingConnectionPool):
+    """redis-py's blocking pool, its wait for a free connection reported as ``StoreBusy``."""
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except RedisConnectionError as exc:
+            # The pool's own wait ran out (redis-py raises "No connection available." from it).
+            if isinstance(exc.__cause__, TimeoutError):
+                raise StoreBusy(f"redis: all {self.max_connections} connections busy for {self.timeout:g} s") from exc
+            raise
+
+
 class RedisStore:
     def __init__(self, url: str, prefix: str = "gw") -> None:
         self.url = url
@@ -305,14 +331,17 @@ class RedisStore:
     async def open(self) -> None:
         # No network here: the client connects on first use, so a gateway starts (and serves
         # interactive traffic) while Redis is still down.
-        self.r = aioredis.Redis.from_url(
+        pool = _BoundedPool.from_url(
             self.url,
+            max_connections=POOL_CONNECTIONS,
+            timeout=POOL_WAIT_S,
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
             socket_connect_timeout=1.0,
             socket_timeout=10.0,
             health_check_interval=5,
         )
+        self.r = aioredis.Redis.from_pool(pool)  # closed with the client
         r = self.r
         self._claim = r.register_script(CLAIM)
         self._renew = r.register_script(RENEW)
@@ -367,13 +396,39 @@ class RedisStore:
     # -- blobs ---------------------------------------------------------------------------
 
     async def put_blob(self, blob_id: str, data: bytes) -> None:
+        # In pieces under a name of its own, then renamed into place: no one command holds Redis
+        # (or outlasts the socket timeout) for a large body, and no reader sees half of it.
+        key = self._k("blob", blob_id)
+        partial = self._k("blob-partial", blob_id, uuid.uuid4().hex[:8])
+        view = memoryview(data)
         async with self._io() as r:
-            await r.set(self._k("blob", blob_id), data)
+            await r.set(partial, bytes(view[:BLOB_CHUNK]), ex=_PARTIAL_BLOB_S)
+            for start in range(BLOB_CHUNK, len(view), BLOB_CHUNK):
+                await r.append(partial, bytes(view[start : start + BLOB_CHUNK]))
+            async with r.pipeline(transaction=True) as p:
+                p.rename(partial, key)
+                p.persist(key)
+                await p.execute()
 
     async def get_blob(self, blob_id: str) -> bytes | None:
-        async with self._io() as r:
-            data = await r.get(self._k("blob", blob_id))
-        return None if data is None else _bytes(data)
+        parts = []
+        start = 0
+        while True:
+            part = await self.read_blob(blob_id, start, BLOB_CHUNK)
+            if part is None:
+                return None
+            parts.append(part)
+            if len(part) < BLOB_CHUNK:
+                return b"".join(parts)
+            start += len(part)
+
+    async def read_blob(self, blob_id: str, start: int, length: int) -> bytes | None:
+        key = self._k("blob", blob_id)
+        async with self._io() as r, r.pipeline(transaction=True) as p:
+            p.exists(key)
+            p.getrange(key, start, start + length - 1)
+            exists, data = await p.execute()
+        return _bytes(data) if exists else None
 
     async def delete_blob(self, blob_id: str) -> None:
         async with self._io() as r:
@@ -640,7 +695,7 @@ class RedisStore:
         return RateDecision(False, float(wait), kind.decode() if isinstance(kind, bytes) else str(kind))
 
     async def rate_charge(self, key_id: str, tokens: int) -> None:
-        if tokens <= 0:
+        if tokens == 0:
             return
         async with self._io():
             await self._rate_charge(keys=[self._k("rl", key_id)], args=[int(RATE_WINDOW_S * 1000), tokens])

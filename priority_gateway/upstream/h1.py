@@ -303,16 +303,16 @@ class EngineClient:
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation that arrives
+            # as the awaited call finishes, and a shutdown then waits on a task that never ends.
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(
                     lambda: _Connection(loop, self.read_timeout),
                     self.host,
                     self.port,
                     ssl=self._tls,
                     server_hostname=self.host if self._tls else None,
-                ),
-                self.connect_timeout,
-            )
+                )
         except OSError as exc:  # TimeoutError, and ssl.SSLError (a bad certificate), are OSErrors too
             if exc.errno in _OUT_OF_DESCRIPTORS:
                 raise OutOfDescriptors(f"cannot open a connection to {self.base_url}: {exc}") from exc
@@ -384,7 +384,8 @@ class EngineClient:
         if timeout_s is None:
             return await go()
         try:
-            return await asyncio.wait_for(go(), timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: see _connect
+                return await go()
         except TimeoutError as exc:
             raise ReadTimeout(f"{self.base_url}{path.decode()} took longer than {timeout_s:g} s") from exc
 

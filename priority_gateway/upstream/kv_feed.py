@@ -12,7 +12,6 @@ Rules:
 
 from __future__ import annotations
 
-import time
 from urllib.parse import urlsplit
 
 from priority_gateway import log
@@ -64,9 +63,7 @@ class KVFeed:
             if self.unknown in (1, 100, 10_000):
                 log.warning("kv_events_unknown_engine", pool=self.pool, source=batch.source, topic=batch.topic)
             return
-        self.dispatcher.apply_kv_events(
-            engine, batch.events, time.monotonic(), restarted=batch.restarted or batch.missed > 0
-        )
+        self.dispatcher.apply_kv_events(engine, batch.events, restarted=batch.restarted or batch.missed > 0)
 
     async def close(self) -> None:
         await self.subscriber.close()

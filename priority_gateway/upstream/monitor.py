@@ -5,6 +5,8 @@ Rules:
   when the relay cannot connect to it; one passing probe makes it healthy again. A probe this
   process could not even open a socket for (out of descriptors) counts for nothing.
 - Scrapes run at their own, slower interval (vLLM's ``/metrics`` is not free to render).
+- ``close`` cancels every loop and waits at most ``CLOSE_WAIT_S`` for them: a probe stuck in a
+  call that ignores cancellation cannot hold the gateway's shutdown.
 - The models an engine serves are read from its ``/v1/models`` until it answers once,
   then refreshed every ``models_every`` probes; the core's engine state gets their names, and
   ``models_version`` moves whenever any engine's list changed.
@@ -13,7 +15,6 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ from priority_gateway.core.dispatcher import Dispatcher
 from priority_gateway.upstream.discovery import resolve_engines
 from priority_gateway.upstream.h1 import EngineClient, OutOfDescriptors, UpstreamError
 from priority_gateway.upstream.scrape import parse_vllm_metrics
+
+CLOSE_WAIT_S = 2.0
 
 
 @dataclass(slots=True)
@@ -103,9 +106,16 @@ class EngineMonitor:
         tasks = [t for w in self.watches.values() for t in w.tasks] + self._discovery
         for task in tasks:
             task.cancel()
-        for task in [*tasks, *self._callbacks]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        waiting = [*tasks, *self._callbacks]
+        if waiting:
+            done, stuck = await asyncio.wait(waiting, timeout=CLOSE_WAIT_S)
+            for task in done:
+                if not task.cancelled():
+                    task.exception()  # retrieved: a loop that failed as it stopped needs no traceback
+            if stuck:
+                log.warning(
+                    "monitor_tasks_left", tasks=",".join(sorted(t.get_name() for t in stuck)), after_s=CLOSE_WAIT_S
+                )
         for w in self.watches.values():
             w.client.close()
         self.watches.clear()
@@ -140,7 +150,7 @@ class EngineMonitor:
         engine = self.dispatcher.engine(engine_id)
         if engine is None or engine.healthy == healthy:
             return
-        self.dispatcher.set_health(engine_id, healthy, time.monotonic())
+        self.dispatcher.set_health(engine_id, healthy)
         if healthy:
             log.info("engine_healthy", engine=engine_id, pool=w.pool, reason=reason)
         else:
@@ -194,7 +204,7 @@ class EngineMonitor:
             if engine is None or not engine.healthy:
                 engine = self.dispatcher.engine(engine_id)
                 continue
-            engine.mark_scrape_start()
+            self.dispatcher.scrape_sent(engine_id)
             try:
                 status, body = await w.client.get(b"/metrics", timeout_s=max(self.scrape_interval_s, 1.0))
             except UpstreamError as exc:

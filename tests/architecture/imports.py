@@ -32,10 +32,12 @@ def python_files(folder: str) -> list[Path]:
     return sorted(p for p in (ROOT / folder).rglob("*.py") if "results" not in p.parts)
 
 
-def imports(path: Path) -> Iterator[Import]:
+def imports(path: Path, at_import_time: bool = False) -> Iterator[Import]:
+    """Every import in ``path``; with ``at_import_time`` only those that run when the module is
+    imported (not in a function's body, not under ``if TYPE_CHECKING:``)."""
     tree = ast.parse(path.read_text(), str(path))
     package = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path)
-    for node in ast.walk(tree):
+    for node in _run_on_import(tree.body) if at_import_time else ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield Import(path, node.lineno, alias.name)
@@ -50,6 +52,25 @@ def imports(path: Path) -> Iterator[Import]:
                 yield Import(path, node.lineno, f"{base}.{alias.name}")
         elif isinstance(node, ast.Call) and _dynamic_import(node):
             yield Import(path, node.lineno, node.args[0].value)
+
+
+def _run_on_import(body: list[ast.stmt]) -> Iterator[ast.AST]:
+    """The statements of ``body`` that run when it runs, into every block but functions, classes'
+    methods and ``if TYPE_CHECKING:``."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from _run_on_import(node.orelse)
+            continue
+        yield node
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            inner = getattr(node, field, None)
+            if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                yield from _run_on_import(inner)
+            elif field == "handlers" and inner:
+                for handler in inner:
+                    yield from _run_on_import(handler.body)
 
 
 def _dynamic_import(call: ast.Call) -> bool:

@@ -97,7 +97,7 @@ def test_the_product_reaches_the_simulator_only_through_its_seams():
     )
     assert found == [], "\n".join(found)
     # The rule sees the seam it allows: the embedded default does import the simulator.
-    seam = _violations("priority_gateway", lambda importer, imported: under(importer, "priority_gateway.embedded"))
+    seam = _violations("priority_gateway", lambda importer, _imported: under(importer, "priority_gateway.embedded"))
     assert any("priority_gateway.engines" in line for line in seam)
 
 

@@ -26,9 +26,11 @@ def test_a_small_run_places_every_request_and_the_engines_count_the_clients_gaps
     assert set(run["interactive_gaps_by_replica"]) == {"0", "1"}  # round robin: both replicas carried some
     engines = run["engines"]
     assert {e["pool"] for e in engines.values()} == {"interactive", "batch"}
+    for pool in ("interactive", "batch"):  # an engine may sit the window out on a busy host; a pool does not
+        assert sum(e["client_gaps"] for e in engines.values() if e["pool"] == pool) > 0, engines
     for url, engine in engines.items():
-        # Each engine's own count over the window is what the clients saw of it, give or take the
-        # gaps that straddle the window's edges.
-        assert engine["client_gaps"] > 20, (url, engine)
-        assert abs(engine["engine_itl_count"] - engine["client_gaps"]) <= 0.1 * engine["client_gaps"], (url, engine)
+        # Each engine's own count over the window is what the clients saw of it: no fewer than the
+        # gaps read surely inside the window, no more than those that may have been.
+        assert engine["client_gaps_surely_in"] <= engine["engine_itl_count"], (url, engine)
+        assert engine["engine_itl_count"] <= engine["client_gaps_maybe_in"], (url, engine)
     assert run["host_busy_cores_p50"] is not None and run["host_cores_by_role_mean"]["gateways"] > 0

@@ -5,9 +5,11 @@ references resolve, and the engines run exactly the pool profiles."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes_validate import utils as kubernetes_schemas
 
 from priority_gateway.config import load_config
@@ -15,6 +17,7 @@ from tests.deploy.support import (
     NAMESPACE,
     OVERLAYS,
     POOLS,
+    REPO,
     Manifest,
     container,
     find,
@@ -24,7 +27,9 @@ from tests.deploy.support import (
     pod_spec,
     profile,
     render,
+    run,
     selects,
+    tool,
 )
 
 # The oldest Kubernetes version EKS still supports here, and the newest schemas we have.
@@ -264,6 +269,21 @@ def test_gateway_store_is_the_redis_service(overlay: str, tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_only_the_gateway_reaches_redis(overlay: str) -> None:
+    docs = render(overlay)
+    policy = find(docs, "NetworkPolicy", "redis")
+    redis = find(docs, "StatefulSet", "redis")
+    assert selects(policy["spec"]["podSelector"]["matchLabels"], pod_labels(redis))
+    (rule,) = policy["spec"]["ingress"]
+    allowed = [
+        w for w in workloads(docs) if any(selects(p["podSelector"]["matchLabels"], pod_labels(w)) for p in rule["from"])
+    ]
+    assert [w["metadata"]["name"] for w in allowed] == ["gateway"]
+    ports = {p["name"]: p["containerPort"] for p in container(redis)["ports"]}
+    assert [ports.get(p["port"], p["port"]) for p in rule["ports"]] == [6379]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_gateway_deployment(overlay: str) -> None:
     deployment = find(render(overlay), "Deployment", "gateway")
     spec = container(deployment)
@@ -332,3 +352,27 @@ def test_pods_run_as_the_image_user() -> None:
     assert pod_spec(find(docs, "Deployment", "gateway"))["securityContext"]["runAsUser"] == uid
     for pool in POOLS:
         assert container(engine(docs, pool))["securityContext"]["runAsUser"] == uid
+
+
+def test_the_deploy_readme_pushes_the_image_and_sets_it_before_it_applies_the_stack() -> None:
+    text = (REPO / "deploy" / "README.md").read_text()
+    push = text.index("docker push ghcr.io/OWNER/priority-gateway:0.1.0")
+    set_image = text.index("kustomize edit set image priority-gateway=ghcr.io/OWNER/priority-gateway:0.1.0")
+    apply = text.index("kubectl apply -k deploy/eks")
+    assert push < set_image < apply
+
+
+def test_setting_the_image_as_the_deploy_readme_says_points_the_gateway_at_it(tmp_path: Path) -> None:
+    copy = tmp_path / "deploy"
+    shutil.copytree(REPO / "deploy", copy)
+    overlay = copy / "eks" / "kustomization.yaml"
+    kustomization = yaml.safe_load(overlay.read_text())
+    # What `kustomize edit set image priority-gateway=ghcr.io/OWNER/priority-gateway:0.1.0` writes.
+    kustomization["images"] = [
+        {"name": "priority-gateway", "newName": "ghcr.io/OWNER/priority-gateway", "newTag": "0.1.0"}
+    ]
+    overlay.write_text(yaml.safe_dump(kustomization))
+    docs = [d for d in yaml.safe_load_all(run([tool("kubectl"), "kustomize", str(copy / "eks")])) if d]
+    (gateway,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gateway"]
+    images = {c["image"] for c in gateway["spec"]["template"]["spec"]["containers"]}
+    assert images == {"ghcr.io/OWNER/priority-gateway:0.1.0"}

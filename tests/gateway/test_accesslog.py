@@ -122,3 +122,18 @@ def test_access_log_false_turns_it_off(procs, tmp_path):
     logged = log_lines(gateway.log_path.read_text())
     assert any(x["event"] == "gateway_stopped" for x in logged)
     assert not [x for x in logged if x["event"] == "access"]
+
+
+def test_a_batch_line_logs_the_name_of_the_key_that_owns_the_batch(stack):
+    from tests.gateway.batch.support import chat_line, submit, wait_batch
+
+    gateway, key = stack["gateway"], stack["key"]
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=key["secret"], max_retries=0)
+    batch = wait_batch(client, submit(client, [chat_line(i) for i in range(2)]).id)
+    assert batch.status == "completed", batch
+
+    def logged() -> list[dict[str, str]]:
+        return [x for x in log_lines(gateway.log_path.read_text(), "access") if x.get("batch_id") == batch.id]
+
+    assert wait_for(lambda: len(logged()) == 2, timeout=5)
+    assert {(x["key_id"], x["key_name"]) for x in logged()} == {(key["id"], "log-test")}

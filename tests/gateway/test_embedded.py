@@ -6,10 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import openai
 
+from tests.support.observe import wait_for
 from tests.support.procs import Proc, free_port
 
 
@@ -47,12 +47,17 @@ def test_embedded_default_serves_and_cleans_up(tmp_path):
         )
         assert batch.headers["x-gateway-pool"] == "batch"
         assert "curl" in proc.log()
+        # One format in the terminal: the engines' lines come through the gateway's logger too.
+        lines = [line for line in proc.log().splitlines() if line.strip()]
+        try_it = {"Try it:"} | {line for line in lines if line.startswith("  curl ")}
+        assert all(line.startswith("ts=") or line in try_it for line in lines), proc.log()
+        started = [line for line in lines if "event=engine_start " in line]
+        assert len(started) == 4 and all(" engine=http://127.0.0.1:" in line for line in started)
+        assert sum(" max_num_batched_tokens=384 " in line for line in started) == 2, "interactive: 384-token chunks"
         os.kill(proc.popen.pid, signal.SIGTERM)
         proc.popen.wait(timeout=20)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_alive(pid) for pid in engines):
-            time.sleep(0.1)
-        assert not any(_alive(pid) for pid in engines), "simulated engines outlived the gateway"
+        gone = wait_for(lambda: not any(_alive(pid) for pid in engines), timeout=10)
+        assert gone, "simulated engines outlived the gateway"
     finally:
         proc.stop()
 

@@ -42,7 +42,7 @@ def test_create_list_and_revoke_through_the_admin_api(gateway, certs):
     listed = keys("list", *remote)
     assert listed.returncode == 0, listed.stderr
     row = next(line for line in listed.stdout.splitlines() if line.startswith(created["key_id"]))
-    assert row.split()[1:] == ["far-away", "batch", "batch", "-", "5000", "active"]
+    assert row.split()[1:] == ["far-away", "batch", "batch", "-", "5000", "(itself)", "1", "-", "active"]
 
     assert keys("revoke", created["key_id"], *remote).stdout == f"revoked {created['key_id']}\n"
     assert "revoked 20" in next(line for line in keys("list", *remote).stdout.splitlines() if created["key_id"] in line)

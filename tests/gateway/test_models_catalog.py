@@ -14,7 +14,8 @@ class Listing:
 
 
 def catalog(entries, **config):
-    return Catalog(parse_config({"pools": {"p": {"engines": ["http://e:1"]}}, **config}), Listing(entries))
+    pool = {"engines": ["http://e:1"], "models": [e["id"] for e in entries]}
+    return Catalog(parse_config({"pools": {"p": pool}, **config}), Listing(entries))
 
 
 def test_an_adapter_resolves_with_its_base_models_root():
@@ -30,7 +31,7 @@ def test_an_adapter_resolves_with_its_base_models_root():
 
 def test_the_unknown_model_message_is_bounded():
     c = catalog([{"id": f"adapter-{i:03d}", "parent": None} for i in range(500)])
-    message = c.unknown_message("nope", "nope")
+    message = c.unknown_message("nope")
     assert message.count("adapter-") == LISTED_IN_ERROR
     assert "and 480 more" in message
     assert len(message) < 600

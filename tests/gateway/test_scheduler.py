@@ -105,4 +105,4 @@ async def test_a_preemption_that_comes_too_late_drops_the_requeued_copy():
     s.running(backfilled.request, lambda: False)  # it has started answering: it cannot be restarted
     s.submit(interactive("u1"))
     assert isinstance(s.submit(interactive("u2")), Dispatch)
-    assert s.dispatcher.queue_depths()[("batch", BATCH)] == 0  # no copy waits for a turn it would never take
+    assert s.dispatcher.readings.queue_depths()[("batch", BATCH)] == 0  # no copy waits for a turn it would never take

@@ -84,10 +84,12 @@ def test_a_tenant_on_one_replica_gets_its_share_of_the_fleet_and_shares_go_local
             thread.start()
             threads.append(thread)
 
-        # The quiet tenant's long request through b; then the noisy one's six through a.
-        start(b.url, "quiet", "quiet-0")
+        # The quiet tenant's long request through b (it runs until the test ends, however long the
+        # host takes over the rest); once a has heard of it, the noisy tenant's six through a.
+        start(b.url, "quiet", "quiet-0", max_tokens=2000)
         assert wait_for(lambda: metric(b.url, "gateway_tenant_inflight", tenant="quiet") == 1), failed
         assert wait_for(lambda: metric(a.url, "gateway_tenant_share_replicas") == 2), a.log()
+        assert wait_for(lambda: metric(a.url, "gateway_engine_peer_inflight") == 1), a.log()
         for n in range(6):
             start(a.url, "noisy", f"noisy-{n}")
         # Two tenants active across the fleet: the noisy one's share is two of the four slots. It takes

@@ -1,8 +1,9 @@
-"""A client that sends part of a chunked request body and never finishes it: a server that waits
-for the whole body before it answers never answers it."""
+"""Clients that send part of a request body and never finish it: a server that waits for the whole
+body before it answers never answers them, and one that keeps what they sent holds it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from typing import Any
@@ -40,3 +41,65 @@ def post_unfinished(url: str, path: str, head: bytes, size: int, headers: dict[s
                 break
             rest += data
     return int(status_line.split()[1]), answer_headers, json.loads(rest[:length])
+
+
+async def _hold(host: str, port: int, head: bytes, size: int, answered: list[int | None], i: int) -> Any:
+    reader, writer = await asyncio.open_connection(host, port)
+
+    async def read_status() -> None:
+        line = await reader.readline()
+        if line.startswith(b"HTTP/1.1 "):
+            answered[i] = int(line.split()[1])
+
+    reading = asyncio.create_task(read_status())
+    try:
+        writer.write(head)
+        block = b"x" * 65536
+        left = size - 1  # all but the last byte
+        while left > 0 and not reading.done():
+            writer.write(block[: min(left, len(block))])
+            left -= min(left, len(block))
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    return writer, reading
+
+
+async def _settled(readings: list[asyncio.Task[None]], quiet_s: float = 2.0, limit_s: float = 30.0) -> None:
+    """Wait until every answer the server is giving has arrived: until all have, or none more for
+    ``quiet_s`` (what is still unanswered then is held), within ``limit_s``. A fixed wait would
+    count answers still on their way on a busy host as bodies held."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    pending = {reading for reading in readings if not reading.done()}
+    while pending and loop.time() < deadline:
+        done, pending = await asyncio.wait(pending, timeout=quiet_s)
+        if not done:
+            return
+
+
+async def _hold_all(url: str, path: str, count: int, size: int, headers: dict[str, str], during: Any) -> Any:
+    parts = urlsplit(url)
+    lines = [f"POST {path} HTTP/1.1", f"host: {parts.netloc}", f"content-length: {size}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    head = "\r\n".join(lines).encode() + b"\r\n\r\n"
+    answered: list[int | None] = [None] * count
+    held = await asyncio.gather(*(_hold(parts.hostname, parts.port, head, size, answered, i) for i in range(count)))
+    try:
+        await _settled([reading for _, reading in held])
+        result = during()
+    finally:
+        for writer, reading in held:
+            reading.cancel()
+            writer.close()
+    return answered, result
+
+
+def hold_unfinished(
+    url: str, path: str, count: int, size: int, headers: dict[str, str], during: Any
+) -> tuple[list[int | None], Any]:
+    """Open ``count`` connections that each POST ``path`` declaring a body of ``size`` bytes and send
+    all of it but the last byte (stopping early once the server has answered), all at once; call
+    ``during()`` while they are held open. Returns each connection's status (None: no answer yet)
+    and what ``during`` returned."""
+    return asyncio.run(_hold_all(url, path, count, size, headers, during))

@@ -8,9 +8,11 @@ The client sends its next prompt the moment one is refused, so an admission that
 engines serve within budget burns through its prompts at once: the run that showed the defect lost
 54 of 60 prompts while the client's TTFT and ITL p99 were far inside the budgets. It runs 45 s
 after a real overload (a dozen clients resending at once whatever is refused, their prefills
-stalling the engines' decoding) has brought the interactive limits down to one per engine, as the
-issue's ``gateway bench`` at concurrency 8 did: a limit learned under overload must climb back
-once the engines idle, and the benchmark's own load must not talk it down again.
+stalling the engines' decoding): whatever the limits learned under it, the benchmark's load must be
+served, not refused, and must not talk them down. Where the overload leaves the limits depends on
+the engines' shape: with the interactive profile's 4 seats and 384-token prefill chunks (the
+embedded default since it runs the pools as shipped) each long prompt's stall is spread over
+several steps, and they end between 2 and 6 per engine; on whole-prompt prefill they fell to one.
 """
 
 from __future__ import annotations
@@ -56,10 +58,7 @@ def interactive_limits(url: str) -> list[float]:
 
 
 async def hammer(url: str, clients: int, seconds: float) -> Counter[int]:
-    """``clients`` streaming 2000-token prompts for short answers, each resending at once whatever is refused.
-
-    So many prefills interrupt the engines' decoding that two requests per engine are really over
-    the ITL budget: the limits fall to one, rightly."""
+    """``clients`` streaming 2000-token prompts for short answers, each resending at once whatever is refused."""
     statuses: Counter[int] = Counter()
     until = time.monotonic() + seconds
     client = EngineClient(url, read_timeout=60, max_idle=clients)
@@ -97,8 +96,8 @@ def test_vllm_serving_benchmark_at_concurrency_4_is_served_not_refused(gateway: 
         if not needed.exists():
             pytest.fail(f"{needed} is missing: run `make vllm-setup` first", pytrace=False)
     statuses = asyncio.run(hammer(gateway.url, clients=12, seconds=20))
-    assert statuses[200] > 0 and statuses[429] > 1000, statuses
-    assert min(interactive_limits(gateway.url)) == 1, gateway.log()
+    assert statuses[200] > 0 and statuses[429] > 1000, statuses  # an overload: most of it refused
+    after_overload = interactive_limits(gateway.url)
     time.sleep(IDLE_S)
     refused_before = metric(gateway.url, "gateway_admission_total", decision="slo_budget_exceeded")
     args = ["--backend", "openai-chat", "--dataset-name", "prefix_repetition", "--num-prompts", "60"]
@@ -112,7 +111,7 @@ def test_vllm_serving_benchmark_at_concurrency_4_is_served_not_refused(gateway: 
     result = json.loads((tmp_path / "vllm-bench.json").read_text())
     refused = metric(gateway.url, "gateway_admission_total", decision="slo_budget_exceeded") - refused_before
     summary = {k: result[k] for k in ("completed", "failed", "p99_ttft_ms", "p99_itl_ms")}
-    print(f"vllm_bench_serve {summary} gateway_refused={refused}")
+    print(f"vllm_bench_serve {summary} gateway_refused={refused} limits_after_overload={after_overload}")
     assert result["completed"] + result["failed"] == 60
     assert result["failed"] <= 1 and refused <= 1, (summary, gateway.log())
     assert result["p99_ttft_ms"] <= TTFT_BUDGET_MS and result["p99_itl_ms"] <= ITL_BUDGET_MS, summary

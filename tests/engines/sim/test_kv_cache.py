@@ -50,8 +50,8 @@ def test_cache_events_report_stored_blocks_with_their_parent():
     events: list = []
     cache = KVCache(num_blocks=4, block_size=4, events=events)
     blocks = cache.allocate(3)
-    cache.cache_blocks(blocks, [5, 6, 7], 0, 1, lambda i, h: [i] * 4)
-    cache.cache_blocks(blocks, [5, 6, 7], 1, 3, lambda i, h: [i] * 4)
+    cache.cache_blocks(blocks, [5, 6, 7], 0, 1, lambda i, _h: [i] * 4)
+    cache.cache_blocks(blocks, [5, 6, 7], 1, 3, lambda i, _h: [i] * 4)
     assert events == [BlockStored([5], None, [0] * 4, 4), BlockStored([6, 7], 5, [1] * 4 + [2] * 4, 4)]
 
 

@@ -55,7 +55,7 @@ def test_adapter_rank_comes_from_its_config(tmp_path):
         read_adapter_rank(str(tmp_path / "missing"))
 
 
-def test_error_messages_hide_local_paths_as_vllm_does(tmp_path):
+def test_error_messages_hide_local_paths_as_vllm_does():
     models = ServedModels(["base"], "/m", 1024)
     with pytest.raises(ApiError) as caught:
         models.prepare("x", "/tmp/secret/adapter")

@@ -94,6 +94,9 @@ def test_bad_requests_get_vllm_s_errors(engine, client):
         client.responses.create(model=MODEL, input="x", previous_response_id="resp_1")
     with pytest.raises(openai.BadRequestError, match="VLLM_ENABLE_RESPONSES_API_STORE"):
         client.responses.create(model=MODEL, input="x", background=True)
+    deep = b'{"model": "%s", "input": "x", "user": %s}' % (MODEL.encode(), b"[" * 1000 + b"]" * 1000)
+    nested = httpx.post(f"{engine.url}/v1/responses", content=deep, headers={"content-type": "application/json"})
+    assert (nested.status_code, nested.json()["error"]["param"]) == (400, "user")
 
 
 def test_input_items_render_as_a_chat():

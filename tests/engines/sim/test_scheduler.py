@@ -191,3 +191,22 @@ def test_engines_sharing_a_device_take_turns_for_its_part(overlap):
     assert a.step(0.0).duration_s == pytest.approx(first)
     # B asked for the device while A held it: its part runs after A's.
     assert b.step(0.0).duration_s == pytest.approx(first + work)
+
+
+def test_a_replys_blocks_hashed_as_the_next_turn_carries_them_are_that_turns_hits():
+    from priority_gateway.engines.sim.core import EngineCore, EngineRequest
+    from priority_gateway.engines.sim.profile import load_profile
+    from priority_gateway.engines.sim.tokens import block_hashes_for_ids
+
+    stream = block_hashes_for_ids(list(range(16 * 20)), 16)  # a conversation's 20 blocks
+    for known, expected in ((stream[4:10], 16 * 9), ((), 16 * 4)):
+        core = EngineCore(load_profile("instant"), num_blocks=100)
+        core.add_request(EngineRequest("t1", 64, stream[:4], 96, ignore_eos=True, output_block_hashes=known), 0.0)
+        now = 0.0
+        while core.has_work:
+            now += core.step(now).duration_s
+        core.add_request(EngineRequest("t2", 16 * 12, stream[:12], 4, ignore_eos=True), now)
+        first = [o for o in core.step(now).outputs if o.first_token]
+        # With the reply's hashes the next turn hits its prompt and its reply (less the reply's last,
+        # never-computed token's block); without them, only the first turn's prompt.
+        assert first[0].cached_tokens == expected

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import httpx
@@ -12,7 +13,7 @@ import pytest
 import zmq
 
 from priority_gateway.engines.sim import tokens
-from tests.support.observe import metric, wait_for
+from tests.support.observe import async_metric, metric, until, wait_for
 from tests.support.procs import free_port, start_engine
 
 MODEL = "sim-model"
@@ -243,18 +244,28 @@ async def finish_order(url: str) -> list[str]:
         )
         done.append(name)
 
-    tasks = [asyncio.create_task(send("first", 10, 60))]
-    for name, priority in (("low1", 10), ("low2", 10), ("high", -10)):
-        await asyncio.sleep(0.03)
+    async def holds(name: str, n: int) -> bool:
+        return await async_metric(url, name) == n
+
+    # One request runs (a sequence at a time) while three arrive, one after another, and wait; then
+    # its client leaves, and the engine starts its queue in the order its policy puts it.
+    first = asyncio.create_task(send("first", 10, 5000))
+    assert await until(lambda: holds("vllm:num_requests_running", 1))
+    tasks = []
+    for waiting, (name, priority) in enumerate((("low1", 10), ("low2", 10), ("high", -10)), start=1):
         tasks.append(asyncio.create_task(send(name, priority, 3)))
+        assert await until(lambda n=waiting: holds("vllm:num_requests_waiting", n)), f"{name} never waited"
+    first.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await first
     await asyncio.gather(*tasks)
     await api.close()
     return done
 
 
 def test_priority_reorders_the_queue_only_under_the_priority_policy(engines):
-    assert asyncio.run(finish_order(engines["priority"])) == ["first", "high", "low1", "low2"]
-    assert asyncio.run(finish_order(engines["fcfs"])) == ["first", "low1", "low2", "high"]
+    assert asyncio.run(finish_order(engines["priority"])) == ["high", "low1", "low2"]
+    assert asyncio.run(finish_order(engines["fcfs"])) == ["low1", "low2", "high"]
 
 
 def recv_events(sock: zmq.Socket, timeout_ms: int = 3000) -> list[list[bytes]]:
@@ -292,7 +303,13 @@ def test_kv_events_from_a_binding_engine(engines):
     sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.connect(engines["ipc"])
     try:
-        time.sleep(0.2)  # let the subscription reach the publisher
+        # A SUB socket hears only what is published after its subscription reached the publisher:
+        # completions of prompts of their own until one is heard, and whatever else they caused.
+        for attempt in range(100):
+            client(engines["priority"]).completions.create(model=MODEL, prompt=f"probe {attempt} " * 8, max_tokens=1)
+            if recv_events(sock, 100):
+                break
+        recv_events(sock, 300)
         client(engines["priority"]).completions.create(model=MODEL, prompt="b" * 64 * 3, max_tokens=1)
         events = [e for m in recv_events(sock) for e in msgpack.unpackb(m[2])[1]]
         assert [e["type"] for e in events][:1] == ["BlockStored"]

@@ -18,7 +18,7 @@ from tests.gateway.batch.support import (
     submit,
     wait_batch,
 )
-from tests.support.observe import metric
+from tests.support.observe import log_lines, metric, wait_for
 from tests.support.procs import start_gateway
 from tests.support.redis import RedisServer
 
@@ -53,6 +53,10 @@ def wait_progress(client, batch_id: str, completed: int, timeout: float = 60.0) 
         time.sleep(0.05)
 
 
+def outages_met(gateway) -> int:
+    return len(log_lines(gateway.log_path.read_text(), "batch_store_unavailable"))
+
+
 def assert_each_line_once(client, batch, n: int) -> None:
     assert batch.status == "completed", batch
     assert batch.request_counts.model_dump() == {"total": n, "completed": n, "failed": 0}
@@ -77,10 +81,8 @@ def test_a_batch_made_on_one_replica_is_seen_and_worked_by_both(replicas):
     assert all(n > 0 for n in done), done
     assert sum(done) == 400
     # The gauge follows the store's status counts, refreshed about once a second.
-    deadline = time.monotonic() + 5
-    while metric(b.url, "gateway_batches", status="completed") < 1:
-        assert time.monotonic() < deadline, "gateway_batches{status=completed} never counted the batch"
-        time.sleep(0.1)
+    counted = wait_for(lambda: metric(b.url, "gateway_batches", status="completed") >= 1, timeout=5)
+    assert counted, "gateway_batches{status=completed} never counted the batch"
 
 
 def test_a_batch_is_cancelled_through_the_other_replica(replicas):
@@ -117,6 +119,7 @@ def test_a_redis_restart_mid_batch_loses_and_duplicates_nothing(replicas, redis_
     client = client_for(a)
     created = submit(client, [chat_line(i, max_tokens=150) for i in range(500)])
     wait_progress(client, created.id, 50)
+    outages = {g.url: outages_met(g) for g in replicas.gateways}
     redis_server.kill()
     # Interactive traffic does not need the store.
     reply = httpx.post(
@@ -127,7 +130,8 @@ def test_a_redis_restart_mid_batch_loses_and_duplicates_nothing(replicas, redis_
     assert reply.status_code == 200, reply.text
     outage = httpx.get(f"{a.url}/v1/batches/{created.id}", timeout=10)
     assert outage.status_code == 503 and outage.json()["error"]["code"] == "store_unavailable"
-    time.sleep(1.0)
+    for g in replicas.gateways:  # each replica's batch runner met the outage
+        assert wait_for(lambda g=g: outages_met(g) > outages[g.url]), g.log()
     redis_server.start()
     batch = wait_batch(client, created.id, timeout=120)
     assert_each_line_once(client, batch, 500)

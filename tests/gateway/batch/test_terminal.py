@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.gateway.batch.support import MODEL, TERMINAL, chat_line, client_for, jsonl, start_stack, upload, wait_batch
+from tests.support.examples import examples
 
 DEEP = 300  # past orjson's limit of 254 levels when writing JSON back
 
@@ -108,7 +109,7 @@ envelopes = st.builds(
 lines = st.lists(envelopes | anything, min_size=1, max_size=4)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(items=lines)
 def test_any_json_lines_end_in_a_terminal_state(client, items):
     batch = run(client, [json.dumps(item).encode() for item in items])

@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from priority_gateway.batch.validate import MAX_ERRORS, parse_input
+from tests.support.examples import examples
 
 ENDPOINT = "/v1/chat/completions"
 
@@ -135,7 +136,7 @@ many_lines = st.sampled_from(ENDPOINTS).flatmap(
 )
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(case=one_line)
 def test_any_line_is_an_accepted_request_or_an_error_of_that_line(case):
     endpoint, raw = case
@@ -155,7 +156,7 @@ def test_any_line_is_an_accepted_request_or_an_error_of_that_line(case):
         assert messages is None or all(isinstance(m, dict) for m in messages)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(case=many_lines)
 def test_a_file_of_any_lines_is_accepted_whole_or_fails_naming_its_lines(case):
     endpoint, lines = case

@@ -71,13 +71,25 @@ def test_the_keys_commands_check_the_file_too(files):
 def test_config_check(files, tmp_path):
     good, bad = files
     done = gateway("config", "check", "--config", str(good))
-    assert (done.returncode, done.stdout) == (0, f"{good}: ok; pools: p (1)\n")
+    assert (done.returncode, done.stdout.splitlines()[0]) == (0, f"{good}: ok; pools: p (1)")
     done = gateway("config", "check", "--config", str(bad))
     assert_one_line(done, f"gateway config: {bad}: admission.enabld: unknown key; did you mean 'enabled'?")
     done = gateway("config", "check", "--config", str(tmp_path / "missing.yaml"))
     assert_one_line(
         done, f"gateway config: {tmp_path / 'missing.yaml'}: cannot read the file (No such file or directory)"
     )
+
+
+def test_config_check_and_serve_refuse_an_alias_no_pool_serves(tmp_path):
+    config = tmp_path / "alias.yaml"
+    config.write_text(
+        GOOD
+        + "    models: [m-a]\nmodels:\n  aliases:\n    canary: [{model: m-a, weight: 1}, {model: m-x, weight: 1}]\n"
+    )
+    line = "models.aliases.canary: 'm-x' is declared by no pool: add it to the models of the pool that serves it"
+    for command in ("config check", "serve"):
+        done = gateway(*command.split(), "--config", str(config))
+        assert_one_line(done, f"gateway {command.split()[0]}: {config}: {line} (pools.<name>.models)")
 
 
 def test_config_reference_prints_the_page():

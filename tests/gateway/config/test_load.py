@@ -55,4 +55,4 @@ def test_an_empty_file_is_the_defaults_and_still_needs_pools(tmp_path):
     path.write_text("# nothing yet\n")
     with pytest.raises(ConfigError, match="pools: at least one pool is needed"):
         load_config(path, env={})
-    assert load_config(path, env={}, pools_required=False).store == "memory"
+    assert load_config(path, env={}, pools_required=False).store == "sqlite"

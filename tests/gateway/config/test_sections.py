@@ -34,7 +34,7 @@ def test_minimal_config_gets_defaults(tmp_path):
     assert config.classes.interactive.budget.itl_s == 0.05
     assert config.classes.batch.budget.deadline_s == 86400
     assert config.limits.max_body_bytes == 10 * 1024 * 1024
-    assert (config.listen.host, config.listen.port, config.store) == ("127.0.0.1", 8080, "memory")
+    assert (config.listen.host, config.listen.port, config.store) == ("127.0.0.1", 8080, "sqlite")
     assert (config.upstream.connect_timeout_s, config.upstream.read_timeout_s) == (2.0, 300.0)
     assert config.admission.enabled and config.keys.required == "auto" and config.keys.admin is None
 
@@ -49,7 +49,8 @@ def test_defaults_are_the_cores_own():
 
 def test_every_prefix_policy_knob_is_a_documented_setting():
     """A new knob of the policy fails here until it is a setting (with a docstring) too."""
-    knobs = set(inspect.signature(PrefixAffinity).parameters) - {"precise"}
+    # Set per pool from what its engines are: precise from kv_events, the chunk budget from max_num_batched_tokens.
+    knobs = set(inspect.signature(PrefixAffinity).parameters) - {"precise", "prefill_chunk_tokens"}
     assert {f.name for f in fields(PrefixPolicyConfig)} == knobs
 
 
@@ -118,7 +119,7 @@ def test_keys_given_for_a_class_replace_only_those_keys():
 def test_null_means_the_default():
     config = parse_config({"pools": POOLS, "admission": None, "listen": {"port": None}, "store": None})
     assert config.admission == Config().admission
-    assert (config.listen.port, config.store) == (8080, "memory")
+    assert (config.listen.port, config.store) == (8080, "sqlite")
 
 
 def test_admission_off_reaches_the_dispatcher():
@@ -190,7 +191,10 @@ def test_an_unknown_key_in_any_section_lists_the_known_ones(path):
         ({"listen": {"port": 70000}}, "listen.port: must be <= 65535, got 70000"),
         ({"listen": "0.0.0.0:80"}, "listen: expected a section (a mapping of keys to values), got '0.0.0.0:80'"),
         ({"store": 6379}, "store: expected a string (quote it), got 6379"),
-        ({"store": "postgres://x"}, "store: expected memory or a redis:// URL, got 'postgres://x'"),
+        (
+            {"store": "postgres://x"},
+            "store: expected sqlite, sqlite://PATH, memory or a redis:// URL, got 'postgres://x'",
+        ),
         ({"max_body_bytes": 0}, "max_body_bytes: must be > 0, got 0"),
         ({"log_level": "verbose"}, "log_level: expected one of 'debug', 'info', 'warning', 'error', 'critical'"),
         ({"upstream": {"read_timeout_s": "5m"}}, "upstream.read_timeout_s: expected a number > 0, got '5m'"),
@@ -273,6 +277,15 @@ def test_aliases_take_a_name_or_a_weighted_split():
     assert config.pools["p"].models == ["a", "b"]
 
 
+def test_an_alias_to_a_model_no_pool_declares_is_refused():
+    pools = {"a": {"engines": ["http://e:1"], "models": ["m-a"]}, "b": {"engines": ["http://e:2"], "model": "m-b"}}
+    split = [{"model": "m-a", "weight": 1}, {"model": "m-b", "weight": 1}, {"model": "m-c", "weight": 1}]
+    with pytest.raises(ConfigError, match=r"^models\.aliases\.canary: 'm-c' is declared by no pool") as caught:
+        parse_config({"pools": pools, "models": {"aliases": {"chat": "m-b", "canary": split}}})
+    assert "pools.<name>.models" in str(caught.value)
+    assert parse_config({"pools": pools, "models": {"aliases": {"canary": split[:2]}}}).models.aliases
+
+
 @pytest.mark.parametrize(
     ("aliases", "where"),
     [
@@ -286,3 +299,17 @@ def test_impossible_aliases_are_refused_naming_the_key(aliases, where):
     with pytest.raises(ConfigError) as caught:
         parse_config({"pools": {"p": {"engines": ["http://e:1"]}}, "models": {"aliases": aliases}})
     assert where in str(caught.value)
+
+
+def test_a_pool_can_share_its_devices_only_with_another_pool_that_exists():
+    import pytest
+
+    from priority_gateway.config import ConfigError
+    from priority_gateway.config.load import parse_config
+
+    base = {"interactive": {"engines": ["http://i:8000"]}, "batch": {"engines": ["http://b:8000"]}}
+    ok = parse_config({"pools": {**base, "batch": {**base["batch"], "shares_hardware_with": "interactive"}}})
+    assert ok.pools["batch"].shares_hardware_with == "interactive"
+    for bad in ("nowhere", "batch"):
+        with pytest.raises(ConfigError, match="shares_hardware_with"):
+            parse_config({"pools": {**base, "batch": {**base["batch"], "shares_hardware_with": bad}}}).validated()

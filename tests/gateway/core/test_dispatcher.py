@@ -58,7 +58,7 @@ def test_requests_wait_for_room_and_interactive_goes_first():
     waiting_batch = d.submit(req(BATCH), 0.0).answer
     waiting_interactive = d.submit(req(), 0.01).answer
     assert isinstance(waiting_batch, Queued) and isinstance(waiting_interactive, Queued)
-    assert d.queue_depths()[("interactive", INTERACTIVE)] == 1
+    assert d.readings.queue_depths()[("interactive", INTERACTIVE)] == 1
     started = d.finish(first, 0.1)
     assert [o.request for o in started if isinstance(o, Dispatch)] == [waiting_interactive.request]
 
@@ -99,7 +99,7 @@ def test_refused_at_once_when_the_expected_wait_exceeds_the_budget():
 def stream(d, out, now, tokens, ttft=0.05, gap=0.035):
     """Play a streamed answer of ``tokens`` tokens through the dispatcher; returns when it ended."""
     now += ttft
-    d.observe_ttft(out, now - out.request.arrival, now)
+    d.observe_ttft(out, now - out.request.arrival)
     for _ in range(tokens - 1):
         now += gap
         d.observe_itl(out, gap, now)
@@ -164,7 +164,7 @@ def test_interactive_lull_lets_batch_backfill_and_interactive_reclaims_it():
     assert isinstance(arrival, Dispatch) and arrival.pool == "interactive"
     assert len(notices) == 1 and isinstance(notices[0], Preempted)
     assert notices[0].dispatch in backfilled
-    assert d.queue_depths()[("batch", BATCH)] == 2  # the preempted one waits again
+    assert d.readings.queue_depths()[("batch", BATCH)] == 2  # the preempted one waits again
 
 
 def test_streamed_batch_work_is_never_preempted():
@@ -279,7 +279,7 @@ def test_hammering_with_refused_requests_cannot_talk_the_limit_down():
         refused += sum(isinstance(o, Rejection) for o in decided)
         changes += decided.limit_changes
     assert refused > 10_000
-    assert d.concurrency_limits()["i0"] == 2
+    assert d.readings.concurrency_limits()["i0"] == 2
     assert {c.reason for c in changes} == {"relay_slow_engine_on_time"}
 
 
@@ -290,7 +290,7 @@ def test_a_limit_shrunk_by_an_overload_is_back_at_the_probe_level_after_idling()
     made = slow = 0
     changes = []
     t = 0.0
-    while d.concurrency_limits()["i0"] == 2 and t < 30.0:
+    while d.readings.concurrency_limits()["i0"] == 2 and t < 30.0:
         t += 1.0 / 30
         for dispatch in running:
             d.observe_itl(dispatch, 0.09, t)  # the engine itself is over budget at two
@@ -298,11 +298,111 @@ def test_a_limit_shrunk_by_an_overload_is_back_at_the_probe_level_after_idling()
         if round(t * 30) % 60 == 0:
             d.apply_scrape("i0", EngineMetrics(running=2, itl_buckets=itl_histogram(made, slow)), t)
         changes += d.poll(t).limit_changes
-    assert d.concurrency_limits()["i0"] == 1
+    assert d.readings.concurrency_limits()["i0"] == 1
     for dispatch in running:
         d.finish(dispatch, t)
     while t < 120.0:  # then nobody comes for a while
         t += 0.5
         changes += d.poll(t).limit_changes
-    assert d.concurrency_limits()["i0"] == 2
+    assert d.readings.concurrency_limits()["i0"] == 2
     assert [c.reason for c in changes][-1] == "recovering"
+
+
+def two_model_pool(limit: float = 1.0) -> Dispatcher:
+    """One pool of two engines, each serving its own model, one slot each."""
+    settings = AdmissionSettings(enabled=True, limits=LimitSettings(initial=limit, unbudgeted=limit))
+    d = Dispatcher([PoolSpec("batch", ["x0", "y0"], policy="least_loaded")], budgets={BATCH: None}, admission=settings)
+    x, y = d.pools["batch"].engines
+    x.models, y.models = frozenset({"mx"}), frozenset({"my"})
+    return d
+
+
+def for_model(model: str, now: float = 0.0) -> RouteRequest:
+    return RouteRequest(f"r{next(counter)}", BATCH, model, now, prompt_tokens=100, budget=Budget())
+
+
+def test_a_queued_request_that_cannot_start_does_not_hold_back_one_that_can():
+    """Head-of-line blocking: in a pool serving two models, a request for the idle engine's model
+    waited for a slot of the other model (2.55 s in a hostile test of the server)."""
+    d = two_model_pool()
+    running = d.submit(for_model("mx"), 0.0).answer
+    assert isinstance(running, Dispatch) and running.engine.id == "x0"
+    blocked = d.submit(for_model("mx"), 0.0).answer
+    assert isinstance(blocked, Queued)
+    other = d.submit(for_model("my"), 0.0).answer
+    assert isinstance(other, Dispatch) and other.engine.id == "y0", "it starts at once, not behind the mx request"
+    d.finish(other, 1.0)
+    behind = d.submit(for_model("my"), 1.0).answer
+    assert isinstance(behind, Dispatch)
+    again = d.submit(for_model("my"), 1.0).answer
+    assert isinstance(again, Queued)
+    started = [x for x in d.finish(behind, 2.0) if isinstance(x, Dispatch)]
+    assert [x.request.id for x in started] == [again.request.id], "the drain passes over the mx request"
+    started = [x for x in d.finish(running, 3.0) if isinstance(x, Dispatch)]
+    assert [x.request.id for x in started] == [blocked.request.id], "and it starts, in its turn, once it can"
+
+
+def test_a_drain_tries_a_bounded_number_of_entries_that_cannot_start():
+    from priority_gateway.core.dispatcher import MAX_PASSED_OVER
+
+    d = two_model_pool()
+    d.submit(for_model("mx"), 0.0)
+    for n in range(3 * MAX_PASSED_OVER):
+        tenant_req = for_model("mx")
+        tenant_req.tenant = f"t{n}"  # each one's own line in the fair queue
+        assert isinstance(d.submit(tenant_req, 0.0).answer, Queued)
+    tried = []
+    place = d._place
+
+    def counting(req, pool, now, exclude=()):
+        tried.append(req.id)
+        return place(req, pool, now, exclude)
+
+    d._place = counting  # type: ignore[method-assign]
+    d.poll(1.0)
+    assert 0 < len(tried) <= MAX_PASSED_OVER
+
+
+def test_a_request_with_a_ttft_budget_starts_where_the_queued_prefill_lets_its_first_token_come_in_time():
+    d = make(interactive=2, limit=8.0)
+    pool = d.pools["interactive"]
+    for _ in range(40):  # first tokens that came 0.1 s + 0.1 ms per prefill token ahead of them
+        for tokens in (100, 2000):
+            pool.ttft_model.observe(tokens, 0.1 + tokens / 10_000)
+    busy, idle = pool.engines
+    busy.pending_prefill = 4000  # 0.5 s of prefill queued there: a first token at ~0.6 s
+    out = d.submit(req(), 0.0).answer
+    assert isinstance(out, Dispatch) and out.engine is idle
+    idle.pending_prefill += 4000
+    late = d.submit(req(), 0.0).answer
+    assert isinstance(late, Queued | Rejection), "neither engine would give it its first token within 500 ms"
+
+
+def test_a_first_token_teaches_the_pace_by_the_prefill_that_was_ahead_of_it():
+    d = make(interactive=1, limit=8.0)
+    first = d.submit(req(), 0.0).answer
+    second = d.submit(req(), 0.0).answer
+    assert isinstance(first, Dispatch) and isinstance(second, Dispatch)
+    assert (first.backlog, second.backlog) == (100, 200), "its own prompt, and the first one's ahead of it"
+
+
+def test_a_pool_sharing_the_devices_learns_its_limits_from_the_other_pools_gaps():
+    settings = AdmissionSettings(enabled=True, limits=LimitSettings(initial=2.0, unbudgeted=8.0, cooldown_s=0.0))
+    pools = [
+        PoolSpec("interactive", ["i0"], policy="least_loaded", backfill=False),
+        PoolSpec("batch", ["b0"], policy="least_loaded", shares_hardware_with="interactive"),
+    ]
+    d = Dispatcher(pools, budgets={INTERACTIVE: 0.05, BATCH: None}, admission=settings)
+    assert d.limits["b0"].budget_s == 0.05, "the interactive pool's budget, not none"
+    assert d.limits["b0"].limit == 8.0, "from its unbudgeted limit, not the interactive probe level"
+    batch = [d.submit(req(BATCH), 0.0).answer for _ in range(8)]
+    assert all(isinstance(b, Dispatch) and b.engine.id == "b0" for b in batch)
+    interactive = d.submit(req(), 0.0).answer
+    assert isinstance(interactive, Dispatch)
+    now = 0.0
+    for _ in range(400):  # the batch steps stall the interactive decoding: every gap 80 ms
+        now += 0.08
+        d.observe_itl(interactive, 0.08, now)
+    d.poll(now)
+    assert d.limits["b0"].limit < 8.0 and d.limits["b0"].reason == "itl_over_budget"
+    assert isinstance(d.submit(req(BATCH), now).answer, Queued), "the batch pool is throttled"

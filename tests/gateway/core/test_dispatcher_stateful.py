@@ -30,6 +30,7 @@ from priority_gateway.core.dispatcher import (
 )
 from priority_gateway.core.limiter import LimitSettings
 from priority_gateway.core.request import RouteRequest
+from tests.support.examples import examples
 
 ENGINES = ("i0", "i1", "b0")
 
@@ -144,7 +145,7 @@ class Caller(RuleBasedStateMachine):
     @precondition(lambda self: self.dispatcher is not None)
     @rule(engine=st.sampled_from(ENGINES), healthy=st.booleans())
     def health(self, engine: str, healthy: bool) -> None:
-        self.core.set_health(engine, healthy, self.now)
+        self.core.set_health(engine, healthy)
 
     @precondition(lambda self: self.dispatcher is not None)
     @rule(engines=st.lists(st.sampled_from(["i0", "i1", "i2"]), min_size=1, max_size=3, unique=True))
@@ -183,6 +184,6 @@ class Caller(RuleBasedStateMachine):
 
 
 Caller.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(60), stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_dispatcher_under_any_sequence_of_calls = Caller.TestCase

@@ -3,7 +3,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from priority_gateway.core.fair_queue import FairQueue
+from priority_gateway.core.fair_queue import CONTINUING, NEW, FairQueue
+from tests.support.examples import examples
 
 WEIGHTS = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 1.0}
 
@@ -32,7 +33,7 @@ def run(steps):
     return served, costs
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(step, min_size=1, max_size=120))
 def test_shares_follow_weights_within_the_sfq_bound_while_both_are_backlogged(steps):
     served, most = run(steps)
@@ -50,7 +51,7 @@ def test_shares_follow_weights_within_the_sfq_bound_while_both_are_backlogged(st
                     assert gap <= most[i] / WEIGHTS[i] + most[j] / WEIGHTS[j] + 1e-9, (i, j, first, last)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(push, min_size=1, max_size=60), st.lists(push, min_size=1, max_size=60))
 def test_no_tenant_starves_behind_a_flood(flood, trickle):
     """However much one tenant queues first, another's request starts within a bounded number of starts."""
@@ -92,7 +93,7 @@ def test_a_tenant_at_its_cap_is_passed_over_and_never_blocks_the_others():
     queue.push("b1", "b", 10_000, math.inf, 1, "b1")
     assert queue.peek().tenant == "a"
     assert queue.peek(lambda tenant: tenant != "a").tenant == "b"
-    assert queue.peek(lambda tenant: False) is None
+    assert queue.peek(lambda _: False) is None
 
 
 def test_idleness_earns_no_credit():
@@ -193,3 +194,82 @@ def test_ahead_counts_only_what_the_tags_put_first():
         queue.push(f"n{n}", "noisy", 100, math.inf, n, "n")
     assert queue.ahead("noisy", math.inf) == 50
     assert queue.ahead("quiet", math.inf) <= 1, "a new tenant waits for at most one of the flood"
+
+
+# Lanes: a turn continuing a paused agent session (lane 0) starts before the line's other requests,
+# at most ``burst`` in a row while another waits.
+lane_push = st.tuples(st.sampled_from(["a", "b"]), st.sampled_from([CONTINUING, NEW]), st.integers(1, 400))
+lane_step = st.one_of(lane_push, st.just("start"), st.just("start"))
+
+
+def run_lanes(steps, burst, fair=True):
+    """Play ``steps``; per start: (entry started, the NEW entries of its tenant's line waiting just before)."""
+    queue: FairQueue[str] = FairQueue(fair, burst)
+    waiting: dict[str, list] = {}
+    served = []
+    for n, op in enumerate(steps):
+        if op == "start":
+            entry = queue.peek()
+            if entry is None:
+                continue
+            line = entry.tenant if fair else ""
+            before = [e for e in waiting.get(line, []) if e.lane == NEW]
+            assert queue.take(entry.key) is entry
+            waiting[line].remove(entry)
+            served.append((entry, before))
+        else:
+            tenant, lane, cost = op
+            entry = queue.push(f"r{n}", tenant, cost, math.inf, float(n), f"r{n}", WEIGHTS[tenant], lane=lane)
+            waiting.setdefault(tenant if fair else "", []).append(entry)
+    return served
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.lists(lane_step, min_size=1, max_size=150), st.integers(0, 5), st.booleans())
+def test_continuing_turns_go_first_but_never_more_than_burst_in_a_row_past_a_waiting_request(steps, burst, fair):
+    served = run_lanes(steps, burst, fair)
+    in_a_row: dict[str, int] = {}
+    for entry, waiting_new in served:
+        line = entry.tenant if fair else ""
+        if entry.lane == NEW:
+            in_a_row[line] = 0
+            # The line's other requests start in arrival order (their deadlines are all the same).
+            assert entry is min(waiting_new, key=lambda e: e.arrival)
+        elif waiting_new:
+            in_a_row[line] = in_a_row.get(line, 0) + 1
+            assert in_a_row[line] <= burst, "a new session's request waited past more than burst continuing turns"
+        else:
+            in_a_row[line] = 0
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.lists(lane_step, min_size=1, max_size=150), st.integers(0, 5))
+def test_a_request_of_the_new_lane_starts_within_its_position_times_burst_plus_one_starts_of_its_line(steps, burst):
+    served = run_lanes(steps, burst)
+    # The documented bound: the k-th request of its lane (k = 1 for the head) starts within k x (burst + 1)
+    # starts of its tenant's line, counted from its push.
+    pushed_at: dict[str, tuple[int, int]] = {}
+    starts: dict[str, int] = {}
+    for entry, waiting_new in served:
+        line = entry.tenant
+        starts[line] = starts.get(line, 0) + 1
+        for e in waiting_new:
+            if e.key not in pushed_at:
+                k = 1 + sum(1 for other in waiting_new if other.arrival < e.arrival)
+                pushed_at[e.key] = (starts[line] - 1, k)
+        if entry.lane == NEW and entry.key in pushed_at:
+            first_seen, k = pushed_at[entry.key]
+            assert starts[line] - first_seen <= k * (burst + 1)
+
+
+def test_continuing_turns_first_within_a_tenant_and_fair_shares_across_tenants():
+    queue: FairQueue[str] = FairQueue(True, burst=2)
+    for i in range(3):
+        queue.push(f"new{i}", "a", 100, math.inf, float(i), "", 1.0, lane=NEW)
+    for i in range(4):
+        queue.push(f"cont{i}", "a", 100, math.inf, 10.0 + i, "", 1.0, lane=CONTINUING)
+    order = []
+    while (entry := queue.peek()) is not None:
+        order.append(entry.key)
+        queue.take(entry.key)
+    assert order == ["cont0", "cont1", "new0", "cont2", "cont3", "new1", "new2"]

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from priority_gateway.core.limiter import ConcurrencyLimit, LimitSettings
+from tests.support.examples import examples
 
 
 def run(itl_of, seconds=600.0, budget=0.05, tokens_per_s=30.0, seed=0, start=None):
@@ -37,17 +38,19 @@ def cliff_at_4(load, rng):
 def test_limit_converges_to_the_largest_concurrency_within_budget():
     history = run(cliff_at_4)
     settled = history[len(history) // 2 :]
-    assert max(settled) <= 5
+    # It probes past the cliff now and then (a step there is found over budget and taken back), never far.
+    assert max(settled) <= 6
+    assert sum(1 for v in settled if v > 5) / len(settled) < 0.03
     assert sum(1 for v in settled if v == 4) / len(settled) > 0.8
 
 
 def test_limit_backs_off_when_the_engine_gets_slower():
-    history = run(lambda load, rng: 0.02 * load, start=10.0)
+    history = run(lambda load, _rng: 0.02 * load, start=10.0)
     assert history[-1] <= 2.5
 
 
 def test_limit_grows_on_a_fast_engine():
-    history = run(lambda load, rng: 0.005 + 0.0005 * load)
+    history = run(lambda load, _rng: 0.005 + 0.0005 * load)
     assert history[-1] >= 20
 
 
@@ -122,7 +125,7 @@ def engine_histogram(fast: int, slow: int) -> list[tuple[float, float]]:
     return [(b, float(fast * (b >= 0.05) + slow * (b >= 0.1))) for b in bounds]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(slowdown=st.floats(min_value=1.5, max_value=6.0), start=st.integers(min_value=2, max_value=6))
 def test_slowness_the_engine_does_not_confirm_cannot_talk_the_limit_down(slowdown, start):
     # A client hammering the gateway with requests it refuses burns the gateway's (or the host's)
@@ -172,7 +175,7 @@ def stalls_over_4(load, rng):
     return 0.1 if rng.random() < share else 0.036
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=examples(6), deadline=None)
 @given(
     itl_of=st.sampled_from([cliff_at_4, stalls_over_4, lambda load, rng: 0.005 + 0.002 * load * rng.random()]),
     replicas=st.integers(min_value=2, max_value=5),
@@ -216,3 +219,56 @@ def test_a_replica_that_follows_never_moves_the_limit_itself():
         limit.update(t, 2.0, lead=False)
     assert limit.limit == LimitSettings().initial and not limit.learned
     assert limit.follow(7.0, t) and limit.limit == 7.0 and limit.learned
+
+
+def test_far_within_budget_the_limit_grows_by_half_a_step_not_one():
+    history = run(lambda _load, _rng: 0.01, seconds=30.0)
+    steps = sorted(set(history))
+    assert steps[:6] == [2.0, 3.0, 4.0, 6.0, 9.0, 13.0]
+
+
+def seated(seats: int, seconds: float = 600.0, itl: float = 0.01) -> tuple[list[float], set[str]]:
+    """An engine that runs at most ``seats`` requests (vLLM's ``--max-num-seqs``) and queues the rest, fast
+    whatever it runs, kept at its limit by a saturating load and scraped every second."""
+    limit = ConcurrencyLimit(0.05, LimitSettings(), 0.0)
+    t, history, reasons = 0.0, [], set()
+    step = 1.0 / 30
+    while t < seconds:
+        load = int(limit.limit)
+        for _ in range(min(load, seats)):
+            limit.observe_itl(itl, min(load, seats), t)
+        limit.note_load(load)
+        scraped = math.floor(t)
+        limit.note_engine_queue(min(load, seats), max(0, load - seats), float(scraped))
+        t += step
+        limit.update(t, load)
+        history.append(limit.limit)
+        reasons.add(limit.reason)
+    return history, reasons
+
+
+def test_a_limit_does_not_grow_past_the_requests_the_engine_runs():
+    # Its gaps stay fast, so ITL alone would take the limit to the maximum; past four the engine queues
+    # what it is sent, which then waits where no TTFT budget is counted.
+    history, reasons = seated(4)
+    settled = history[len(history) // 4 :]
+    assert "engine_queueing" in reasons
+    assert max(settled) <= 6
+    assert sum(1 for v in settled if v == 4) / len(settled) > 0.9
+
+
+def test_an_engine_that_seats_everything_lets_the_limit_grow():
+    history, reasons = seated(1000, seconds=120.0)
+    assert "engine_queueing" not in reasons
+    assert history[-1] >= 20
+
+
+def test_a_moment_of_waiting_in_one_scrape_is_no_queue():
+    limit = ConcurrencyLimit(0.05, LimitSettings(), 0.0)
+    limit.limit = 8.0
+    for t in range(1, 60):
+        waiting = 1 if t % 2 else 0  # a request seen waiting for the next step, every other scrape
+        limit.note_engine_queue(7, waiting, float(t))
+        limit.note_load(8)
+        limit.update(float(t), 8.0)
+    assert limit.reason != "engine_queueing" and limit.limit >= 8

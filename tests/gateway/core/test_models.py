@@ -4,7 +4,8 @@ from collections import Counter
 
 import pytest
 
-from priority_gateway.core.dispatcher import Dispatch, Dispatcher, PoolSpec, Rejection
+from priority_gateway.core.classes import Budget
+from priority_gateway.core.dispatcher import Dispatch, Dispatcher, PoolSpec, Queued, Rejection
 from priority_gateway.core.models import Aliases, Split, cache_key, engine_tag, serves
 from priority_gateway.core.reasons import Refusal
 from priority_gateway.core.request import RouteRequest
@@ -127,3 +128,58 @@ def test_a_model_nobody_serves_finds_no_engine():
     d = _two_models()
     out = d.submit(_req(0, "mistral"), 0.0).answer
     assert isinstance(out, Rejection) and out.reason is Refusal.NO_HEALTHY_ENGINE
+
+
+def _shared_pool() -> Dispatcher:
+    """One pool, one slot per engine: engine a lists model a, engine b model b; a third model c is
+    declared but listed by neither."""
+    from priority_gateway.core.dispatcher import AdmissionSettings
+    from priority_gateway.core.limiter import LimitSettings
+
+    d = Dispatcher(
+        [PoolSpec("p", ["http://a", "http://b"], policy="round_robin", models=("a", "b", "c"))],
+        admission=AdmissionSettings(enabled=True, limits=LimitSettings(initial=1, minimum=1, maximum=1)),
+        budgets={"interactive": 0.05, "batch": None},
+    )
+    d.pools["p"].engines[0].models = frozenset({"a"})
+    d.pools["p"].engines[1].models = frozenset({"b"})
+    return d
+
+
+def test_a_request_for_the_idle_engine_s_model_passes_those_waiting_for_the_other():
+    d = _shared_pool()
+    running = d.submit(_req(0, "a", "batch"), 0.0).answer
+    assert isinstance(running, Dispatch)
+    waiting = [d.submit(_req(i, "a", "batch"), 0.0).answer for i in (1, 2)]
+    assert all(isinstance(w, Queued) for w in waiting)
+    passing = d.submit(_req(3, "b", "batch"), 0.0).answer
+    assert isinstance(passing, Dispatch) and passing.engine.id == "http://b"
+    # Queued behind the waiting a's, a b still starts as soon as b's engine is free.
+    behind = d.submit(_req(4, "b", "batch"), 0.0).answer
+    assert isinstance(behind, Queued)
+    started = [o for o in d.finish(passing, 1.0) if isinstance(o, Dispatch)]
+    assert [o.request.id for o in started] == ["r4"]
+    # And the a's start in their order when a's engine is.
+    started = [o for o in d.finish(running, 2.0) if isinstance(o, Dispatch)]
+    assert [o.request.id for o in started] == ["r1"]
+
+
+def test_a_lower_class_does_not_pass_a_higher_one_waiting_for_its_model():
+    d = _shared_pool()
+    running = d.submit(_req(0, "a", "batch"), 0.0).answer
+    assert isinstance(running, Dispatch)
+    high = RouteRequest("hi", "interactive", "a", 0.0, budget=Budget(ttft_s=60.0))
+    assert isinstance(d.submit(high, 0.0).answer, Queued)
+    low = d.submit(_req(9, "a", "batch"), 0.0).answer
+    assert isinstance(low, Queued)
+    started = [o for o in d.finish(running, 1.0) if isinstance(o, Dispatch)]
+    assert [o.request.id for o in started] == ["hi"]
+
+
+def test_a_model_no_engine_lists_is_refused_at_once_never_queued():
+    d = _shared_pool()
+    out = d.submit(_req(0, "c", "batch"), 0.0).answer
+    assert isinstance(out, Rejection) and out.reason is Refusal.MODEL_NOT_SERVED
+    d.pools["p"].engines[1].healthy = False
+    down = d.submit(_req(1, "b", "batch"), 0.0).answer
+    assert isinstance(down, Rejection) and down.reason is Refusal.NO_HEALTHY_ENGINE

@@ -52,12 +52,12 @@ def test_precise_pool_routes_by_events_not_by_its_own_history():
     again = d.submit(request(1, TOKENS), 0.2).answer
     assert again.predicted_cached_tokens == 0
     d.finish(again, 0.3)
-    d.apply_kv_events(other, [BlockStored([1, 2, 3, 4], None, TOKENS, 16)], 0.4)
+    d.apply_kv_events(other, [BlockStored([1, 2, 3, 4], None, TOKENS, 16)])
     third = d.submit(request(2, TOKENS), 0.5).answer
     assert third.engine.id == other and third.reason == "affinity"
     assert third.predicted_cached_tokens == 48  # whole blocks, never the last prompt token
     d.finish(third, 0.6)
-    d.apply_kv_events(other, [AllBlocksCleared()], 0.7)
+    d.apply_kv_events(other, [AllBlocksCleared()])
     assert d.submit(request(3, TOKENS), 0.8).answer.predicted_cached_tokens == 0
 
 
@@ -69,3 +69,30 @@ def test_an_adapters_blocks_match_only_that_adapters_prompts():
     assert index.index.match(for_sql, ["e1"]) == [4]
     assert index.index.match(token_block_hashes(tokens, 16), ["e1"]) == [0]
     assert index.index.match(token_block_hashes(tokens, 16, lora_name="chat"), ["e1"]) == [0]
+
+
+def test_a_block_offloaded_to_cpu_scores_between_a_gpu_hit_and_a_miss():
+    from priority_gateway.core.engines import EngineState
+    from priority_gateway.core.kv_events import BlockRemoved, BlockStored
+    from priority_gateway.core.precise import token_block_hashes
+    from priority_gateway.core.prefix_policy import PrefixAffinity
+    from priority_gateway.core.request import RouteRequest
+
+    tokens = list(range(16 * 8))
+    prefix = token_block_hashes(tokens, 16)
+    req = RouteRequest("r", "interactive", "m", 0.0, prompt_tokens=len(tokens) + 1, prefix=prefix)
+    policy = PrefixAffinity(precise=True, load_factor=4.0)
+    gpu, cpu, cold = (EngineState(name, "p") for name in ("gpu", "cpu", "cold"))
+    stored = [BlockStored(list(range(100, 108)), None, tokens, 16)]
+    policy.kv_events("gpu", stored)
+    policy.kv_events("cpu", stored)
+    # The engine offloaded the blocks to its CPU tier, then evicted them from the GPU.
+    policy.kv_events("cpu", [BlockStored(list(range(100, 108)), None, tokens, 16, medium="CPU")])
+    policy.kv_events("cpu", [BlockRemoved(list(range(100, 108)), medium="GPU")])
+    scores = {e.id: policy.choose(req, [e], 0.0).predicted_cached_tokens for e in (gpu, cpu, cold)}
+    assert scores["gpu"] == 128 and scores["cold"] == 0 and scores["cpu"] == 64
+    assert policy.choose(req, [cold, cpu], 0.0).engine is cpu
+    # Gone from the CPU tier too: a miss.
+    policy.kv_events("cpu", [BlockRemoved(list(range(100, 108)), medium="CPU")])
+    assert policy.choose(req, [cpu], 0.0).predicted_cached_tokens == 0
+    assert policy.precise is not None and policy.precise.blocks("cpu") == 0

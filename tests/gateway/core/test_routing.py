@@ -47,7 +47,7 @@ def test_stateless_policies_learn_nothing():
     for policy in (RoundRobin(), LeastLoaded()):
         choice = policy.choose(REQ, engines(0), 0.0)
         assert choice is not None
-        policy.routed(REQ, choice, 0.0)
+        policy.routed(REQ, choice)
         policy.started("e0", 0, 10)
         policy.forget("e0")
         assert policy.hit_ratio_estimate() == 0.0

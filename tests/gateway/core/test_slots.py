@@ -56,3 +56,12 @@ def test_without_timed_requests_the_average_slot_time_is_shared_over_the_slots()
     assert slots.wait(0, [FullEngine(2, 2, [])], now=0.0) is None
     slots.observe_done(Running(0.0, 0.0, None), 4.0)
     assert slots.wait(1, [FullEngine(2, 2, [])], now=0.0) == pytest.approx(2 * 4.0 / 2)
+
+
+def test_many_gaps_at_once_move_the_average_as_many_one_by_one():
+    together, one_by_one = SlotTimes(), SlotTimes()
+    for gap, times in ((0.02, 1), (0.05, 7), (0.01, 30)):
+        together.observe_gap(gap, times)
+        for _ in range(times):
+            one_by_one.observe_gap(gap)
+    assert together.gap_s == pytest.approx(one_by_one.gap_s, rel=1e-9)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import time
 
 import httpx
 import pytest
 
-from tests.support.observe import metric
+from tests.support.observe import metric, wait_for
 from tests.support.procs import start_engine, start_gateway
 
 MODEL = "sim-model"
@@ -61,6 +60,10 @@ def chat(url: str, max_tokens: int, priority: str = "interactive", headers: dict
     )
 
 
+def running(engine) -> float:
+    return metric(engine.url, "vllm:num_requests_running")
+
+
 def test_over_budget_interactive_gets_429_with_retry_after(tight):
     url = tight["gateway"].url
     with cf.ThreadPoolExecutor(4) as pool:
@@ -87,14 +90,14 @@ def test_headers_cannot_loosen_the_budget(tight):
 def test_backfilled_batch_is_preempted_for_interactive_and_still_completes(lending):
     url = lending["gateway"].url
     aborted_before = metric(lending["interactive"].url, "vllm:request_success_total", finished_reason="abort")
+    interactive_running = running(lending["interactive"])
     with cf.ThreadPoolExecutor(4) as pool:
         first = pool.submit(chat, url, 100, "batch")  # the batch engine
-        time.sleep(0.3)
+        assert wait_for(lambda: running(lending["batch"]) == 1)
         second = pool.submit(chat, url, 100, "batch")  # backfilled onto the interactive engine's spare slot
-        time.sleep(0.5)
-        assert metric(lending["interactive"].url, "vllm:num_requests_running") == 1
+        assert wait_for(lambda: running(lending["interactive"]) == interactive_running + 1)
         reserved = pool.submit(chat, url, 60, "interactive")  # the slot kept in reserve
-        time.sleep(0.3)
+        assert wait_for(lambda: running(lending["interactive"]) == interactive_running + 2)
         interactive = pool.submit(chat, url, 10, "interactive")  # room only by stopping the batch request
         answers = [first.result(), second.result(), reserved.result(), interactive.result()]
     assert [r.status_code for r in answers] == [200, 200, 200, 200]
@@ -110,9 +113,10 @@ def test_backfill_leaves_a_one_slot_interactive_engine_alone(tight):
     url = tight["gateway"].url
     with cf.ThreadPoolExecutor(2) as pool:
         first = pool.submit(chat, url, 60, "batch")  # the batch engine
-        time.sleep(0.3)
+        assert wait_for(lambda: running(tight["batch"]) == 1)
         second = pool.submit(chat, url, 10, "batch")  # waits for the batch engine, not the interactive slot
-        time.sleep(0.5)
-        assert metric(tight["interactive"].url, "vllm:num_requests_running") == 0
+        queued = {"pool": "batch", "class": "batch"}
+        assert wait_for(lambda: metric(tight["gateway"].url, "gateway_queue_depth", **queued) == 1)
+        assert running(tight["interactive"]) == 0
         answers = [first.result(), second.result()]
     assert [r.headers["x-gateway-pool"] for r in answers] == ["batch", "batch"]

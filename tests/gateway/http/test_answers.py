@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from tests.support.observe import log_lines, wait_for
 from tests.support.procs import start_broken_engine, start_gateway
 
 MODEL = "sim-model"
@@ -102,7 +103,8 @@ def test_a_stream_cut_short_of_its_content_length_ends_with_an_error_event(gatew
     with pytest.raises(openai.APIError):
         for _ in raw.parse():
             pass
-    time.sleep(0.5)  # the gateway logs after the client has seen the end
+    # The gateway logs the request after the client has seen the end.
+    assert wait_for(lambda: any(x["request_id"] == "shortstream" for x in log_lines(gateway.log(), "access")))
     assert "Exception in ASGI application" not in gateway.log()
     assert "Traceback" not in gateway.log()
 

@@ -42,13 +42,22 @@ def test_the_field_at_fault_is_named(body, param):
     assert caught.value.param == param
 
 
-def test_only_usable_max_tokens_are_read():
-    assert max_tokens_of({"max_tokens": 16}) == 16
-    assert max_tokens_of({"max_completion_tokens": 8}) == 8
-    assert max_tokens_of({"max_output_tokens": 4}) == 4
-    assert max_tokens_of({"max_tokens": True}) is None
-    assert max_tokens_of({"max_tokens": -1}) is None
-    assert max_tokens_of({"max_tokens": "16"}) is None
+def test_the_output_limit_is_read_as_vllm_reads_it():
+    chat = {"messages": []}
+    assert max_tokens_of({**chat, "max_tokens": 16}) == 16
+    assert max_tokens_of({**chat, "max_completion_tokens": 8}) == 8
+    assert max_tokens_of({**chat, "max_tokens": 1, "max_completion_tokens": 400}) == 400
+    assert max_tokens_of({"prompt": "x", "max_tokens": 16, "max_completion_tokens": 400}) == 16
+    assert max_tokens_of({"input": "x", "max_output_tokens": 4, "max_tokens": 9}) == 4
+    assert max_tokens_of({**chat, "max_tokens": None}) is None
+    assert max_tokens_of(chat) is None
+
+
+@pytest.mark.parametrize("value", [True, -1, 0, "16", 1.5, [16]])
+def test_an_output_limit_that_is_not_a_positive_integer_is_400_naming_it(value):
+    with pytest.raises(ApiError) as caught:
+        max_tokens_of({"messages": [], "max_tokens": 4, "max_completion_tokens": value})
+    assert caught.value.status == 400 and caught.value.param == "max_completion_tokens"
 
 
 def test_echo_keeps_a_short_prefix():

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests.support.observe import peak_memory
+from tests.support.partial_body import hold_unfinished
 from tests.support.procs import rss_bytes, start_stack
 
 LIMIT = 1024 * 1024
@@ -101,3 +103,62 @@ def test_a_chunked_upload_over_the_limit_is_refused_before_it_is_spooled(gateway
     except httpx.HTTPError:
         pass  # answered and closed while we were still sending
     assert sent < 32 * 1024 * 1024, "the whole upload was taken in before the refusal"
+
+
+# -- bodies in flight: authenticated first, bounded together -----------------------------------
+
+MIB = 1024 * 1024
+BODY = 10 * MIB
+RECEIVING = 32 * MIB
+
+
+@pytest.fixture(scope="module")
+def keyed(procs, tmp_path_factory):
+    """A gateway that requires keys (one exists), bodies of up to 10 MiB, 32 MiB of them in flight."""
+    config = {"keys": {"admin": "admin-secret"}, "limits": {"max_receiving_bytes": RECEIVING}}
+    gateway = start_stack(procs, tmp_path_factory.mktemp("keyed"), config, "--token-delay-ms", "1")
+    created = httpx.post(
+        gateway.url + "/admin/keys", json={"name": "bodies"}, headers={"authorization": "Bearer admin-secret"}
+    )
+    assert created.status_code == 201, created.text
+    gateway.secret = created.json()["secret"]
+    return gateway
+
+
+@pytest.mark.parametrize(("path", "count"), [("/v1/chat/completions", 300), ("/v1/files", 100), ("/v1/batches", 100)])
+def test_bodies_without_a_key_are_refused_on_their_headers_and_never_held(keyed, path, count):
+    headers = {"content-type": "application/json"}
+    if path == "/v1/files":
+        headers = {"content-type": "multipart/form-data; boundary=b"}
+    with peak_memory(lambda: rss_bytes(keyed)) as memory:
+        answered, _ = hold_unfinished(keyed.url, path, count, BODY, headers, lambda: None)
+    print(f"{path}: {count} keyless bodies of 10 MiB held, RSS +{memory.growth:.0f} MiB (peak {memory.peak:.0f})")
+    assert answered == [401] * count
+    assert memory.growth < 150, f"RSS grew {memory.growth:.0f} MiB"
+
+
+def test_bodies_in_flight_share_one_budget(keyed):
+    headers = {"content-type": "application/json", "authorization": f"Bearer {keyed.secret}"}
+    with peak_memory(lambda: rss_bytes(keyed)) as memory:
+        answered, _ = hold_unfinished(keyed.url, "/v1/chat/completions", 40, BODY, headers, lambda: None)
+    print(f"40 keyed bodies of 10 MiB held: RSS +{memory.growth:.0f} MiB (peak {memory.peak:.0f})")
+    # Three fit in 32 MiB and wait for their last byte; the others are told to come back.
+    assert answered.count(None) == RECEIVING // BODY
+    assert answered.count(503) == 40 - RECEIVING // BODY
+    assert memory.growth < 100, f"RSS grew {memory.growth:.0f} MiB"
+
+
+def test_the_budget_answers_503_with_retry_after_and_413_beyond_it_whole(keyed):
+    url = keyed.url + "/v1/chat/completions"
+    headers = {"content-type": "application/json", "authorization": f"Bearer {keyed.secret}"}
+
+    def during() -> httpx.Response:
+        return httpx.post(url, content=b"{" + b" " * (5 * MIB) + b"}", headers=headers, timeout=10)
+
+    _, refused = hold_unfinished(keyed.url, "/v1/chat/completions", 3, BODY, headers, during)
+    assert refused.status_code == 503 and refused.headers["retry-after"]
+    assert refused.json()["error"]["code"] == "bodies_in_flight"
+    # Once they are gone, the same body is read (and judged: it is no chat).
+    assert httpx.post(url, content=b"{" + b" " * (5 * MIB) + b"}", headers=headers, timeout=10).status_code == 400
+    whole = httpx.post(keyed.url + "/v1/files", content=b"x" * (RECEIVING + 1), headers=headers, timeout=10)
+    assert whole.status_code == 413 and whole.json()["error"]["code"] == "body_too_large"

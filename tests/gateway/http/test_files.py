@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import io
+import json
+import socket
 from pathlib import Path
 
 import httpx
@@ -11,8 +15,10 @@ import pytest
 
 from priority_gateway.http.files import FORM_OVERHEAD
 from tests.gateway.batch.support import chat_line, client_for, jsonl, start_stack, wait_batch
-from tests.support.observe import wait_for
+from tests.support.observe import peak_memory, until, wait_for
 from tests.support.partial_body import post_unfinished
+from tests.support.procs import rss_bytes
+from tests.support.redis import RedisServer
 
 LIMIT = 50_000
 ENDPOINT = "/v1/chat/completions"
@@ -157,7 +163,7 @@ def test_an_upload_without_a_length_is_read_only_up_to_the_limit(stack, client):
     assert file_ids(client) == before
 
 
-def test_a_long_file_name_is_refused(stack, client):
+def test_a_long_file_name_is_refused(client):
     with pytest.raises(openai.BadRequestError) as refused:
         client.files.create(file=("n" * 1000 + ".jsonl", io.BytesIO(b"{}\n")), purpose="batch")
     assert refused.value.code == "invalid_value" and len(refused.value.message) < 300
@@ -200,3 +206,97 @@ def test_each_key_keeps_files_within_its_quota(stack):
     refused(lambda: put(100))
     client.files.delete(batch.output_file_id)
     assert put(100)
+
+
+# -- large downloads, through a real redis-server ----------------------------------------------
+
+BIG = 160 * 1024 * 1024
+
+
+def file_behind_a_gateway(procs, tmp, size: int, download_timeout_s: float):
+    """A gateway on a real redis-server and a file of about ``size`` bytes uploaded through it: the
+    gateway, the file's id, its SHA-256 and its length."""
+    server = RedisServer(tmp).start()
+    procs.append(server)
+    limits = {"download_timeout_s": download_timeout_s}
+    stack = start_stack(tmp, procs, store=server.url, batch={"max_file_bytes": size + 1024}, limits=limits)
+    gateway = stack.gateways[0]
+    line = json.dumps(chat_line(0)).encode() + b"\n"
+    data = line * (size // len(line))
+    uploaded = client_for(gateway).files.create(file=("big.jsonl", io.BytesIO(data)), purpose="batch")
+    return gateway, uploaded.id, hashlib.sha256(data).hexdigest(), len(data)
+
+
+@pytest.fixture(scope="module")
+def big_file(procs, tmp_path_factory):
+    # Downloads that are read take what the host gives them: sixteen of 160 MiB at once on a busy
+    # two-core machine, well past a minute.
+    return file_behind_a_gateway(procs, tmp_path_factory.mktemp("big-files"), BIG, download_timeout_s=600)
+
+
+@pytest.fixture(scope="module")
+def stalled_file(procs, tmp_path_factory):
+    # Larger than what the sockets' buffers hold, so that a download nobody reads cannot finish.
+    return file_behind_a_gateway(procs, tmp_path_factory.mktemp("stalled"), 16 * 1024 * 1024, download_timeout_s=5)
+
+
+async def download(url: str, file_id: str, delay_s: float = 0.0) -> tuple[int, str, int]:
+    """Status, SHA-256 and length of a download read in 1 MiB pieces (``delay_s`` between them)."""
+    digest = hashlib.sha256()
+    size = 0
+    async with (
+        httpx.AsyncClient(timeout=120) as http,
+        http.stream("GET", f"{url}/v1/files/{file_id}/content") as response,
+    ):
+        async for chunk in response.aiter_bytes(1024 * 1024):
+            digest.update(chunk)
+            size += len(chunk)
+            await asyncio.sleep(delay_s)
+        return response.status_code, digest.hexdigest(), size
+
+
+def test_concurrent_downloads_of_a_large_file_are_streamed_in_bounded_memory(big_file):
+    gateway, file_id, sha, size = big_file
+
+    async def eight() -> list[tuple[int, str, int]]:
+        return list(await asyncio.gather(*(download(gateway.url, file_id, 0.005) for _ in range(8))))
+
+    with peak_memory(lambda: rss_bytes(gateway)) as memory:
+        done = asyncio.run(eight())
+    print(f"8 downloads of {size / 2**20:.0f} MiB: RSS +{memory.growth:.0f} MiB (peak {memory.peak:.0f} MiB)")
+    assert done == [(200, sha, size)] * 8
+    assert memory.growth < 200, f"RSS grew {memory.growth:.0f} MiB"
+
+
+def test_downloads_beyond_the_bound_are_told_to_come_back_and_other_calls_go_on(big_file):
+    gateway, file_id, sha, size = big_file
+
+    async def run() -> list[tuple[int, str, int]]:
+        downloads = [asyncio.create_task(download(gateway.url, file_id, 0.02)) for _ in range(24)]
+        async with httpx.AsyncClient(timeout=30) as http:
+            # Once the eight beyond the bound have their answer, sixteen are being read.
+            assert await until(lambda: sum(d.done() for d in downloads) >= 8, within_s=60)
+            listed = await http.get(gateway.url + "/v1/files")
+            assert listed.status_code == 200 and file_id in listed.text
+        return list(await asyncio.gather(*downloads))
+
+    done = asyncio.run(run())
+    assert sorted(d[0] for d in done) == [200] * 16 + [503] * 8
+    assert all(d == (200, sha, size) for d in done if d[0] == 200)
+
+
+def test_a_download_that_stops_being_read_is_closed_and_its_slot_comes_back(stalled_file):
+    gateway, file_id, _, _ = stalled_file
+    stalled = []
+    for _ in range(16):
+        sock = socket.create_connection(("127.0.0.1", int(gateway.url.rsplit(":", 1)[1])))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(f"GET /v1/files/{file_id}/content HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+        stalled.append(sock)
+    try:
+        assert wait_for(lambda: httpx.get(f"{gateway.url}/v1/files/{file_id}/content").status_code == 503, timeout=5)
+        # Nobody reads them: after download_timeout_s the gateway closes them and serves again.
+        assert wait_for(lambda: asyncio.run(download(gateway.url, file_id))[0] == 200, timeout=60, interval=1)
+    finally:
+        for sock in stalled:
+            sock.close()

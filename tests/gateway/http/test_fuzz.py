@@ -23,6 +23,7 @@ from priority_gateway.config import parse_config
 from priority_gateway.http.app import GatewayApp
 from priority_gateway.runtime import Gateway
 from tests.support.asgi import Answer, call
+from tests.support.examples import examples
 from tests.support.procs import start_engine, start_gateway
 
 MODEL = "sim-model"
@@ -77,6 +78,7 @@ safe_extras = {
 common = {
     "model": st.just(MODEL) | odd,
     "max_tokens": small_tokens | odd,
+    "max_completion_tokens": small_tokens | odd,
     "stream": st.booleans() | odd,
     "cache_salt": st.text(max_size=8) | odd,
     **safe_extras,
@@ -93,6 +95,30 @@ completion_bodies = st.fixed_dictionaries({"prompt": prompt}, optional=common)
 embedding_bodies = st.fixed_dictionaries(
     {"input": st.text(max_size=40) | st.lists(st.text(max_size=10), max_size=3) | odd},
     optional={"model": st.just(MODEL) | odd, "encoding_format": st.sampled_from(["float", "base64"]) | odd},
+)
+response_item = (
+    message
+    | st.fixed_dictionaries(
+        {"type": st.just("function_call"), "call_id": st.text(max_size=6)},
+        optional={"name": st.text(max_size=8) | odd, "arguments": st.text(max_size=20) | odd},
+    )
+    | st.fixed_dictionaries(
+        {"type": st.just("function_call_output"), "call_id": st.text(max_size=6)}, optional={"output": content}
+    )
+    | st.fixed_dictionaries(
+        {"type": st.sampled_from(["message", "reasoning", "x"]) | odd}, optional={"role": role, "content": content}
+    )
+    | odd
+)
+response_bodies = st.fixed_dictionaries(
+    {"input": st.text(max_size=40) | st.lists(response_item, min_size=1, max_size=3) | odd},
+    optional={
+        "model": st.just(MODEL) | odd,
+        "instructions": st.text(max_size=20) | odd,
+        "max_output_tokens": small_tokens | odd,
+        "stream": st.booleans() | odd,
+        **safe_extras,
+    },
 )
 header_text = st.text(alphabet=string.printable.strip() + " ", max_size=40)
 request_headers = st.fixed_dictionaries(
@@ -187,6 +213,7 @@ def app(engine) -> Iterator[tuple[GatewayApp, asyncio.AbstractEventLoop]]:
                 "batch": {"engines": [engine.url], "scheduling_policy": "priority"},
             },
             "keys": {"required": False},
+            "store": "memory",
             "batch": {"max_file_bytes": 64 * 1024},
         }
     )
@@ -205,26 +232,32 @@ def run(app: tuple[GatewayApp, asyncio.AbstractEventLoop], *args: object, **kwar
     return loop.run_until_complete(call(gateway_app, *args, **kwargs))
 
 
-@settings(FUZZ, max_examples=900)
+@settings(FUZZ, max_examples=examples(900))
 @given(body=encoded(chat_bodies), headers=request_headers, chunked=st.booleans())
 def test_chat_completions(app, body, headers, chunked):
     answer = run(app, "POST", "/v1/chat/completions", body, headers, chunked=chunked)
     assert_no_gateway_failure(answer, body)
 
 
-@settings(FUZZ, max_examples=600)
+@settings(FUZZ, max_examples=examples(600))
 @given(body=encoded(completion_bodies), headers=request_headers)
 def test_completions(app, body, headers):
     assert_no_gateway_failure(run(app, "POST", "/v1/completions", body, headers), body)
 
 
-@settings(FUZZ, max_examples=300)
+@settings(FUZZ, max_examples=examples(600))
+@given(body=encoded(response_bodies), headers=request_headers)
+def test_responses(app, body, headers):
+    assert_no_gateway_failure(run(app, "POST", "/v1/responses", body, headers), body)
+
+
+@settings(FUZZ, max_examples=examples(300))
 @given(body=encoded(embedding_bodies), headers=request_headers)
 def test_embeddings(app, body, headers):
     assert_no_gateway_failure(run(app, "POST", "/v1/embeddings", body, headers), body)
 
 
-@settings(FUZZ, max_examples=300)
+@settings(FUZZ, max_examples=examples(300))
 @given(fields=upload_fields, filename=st.none() | st.text(alphabet=string.ascii_letters + ".", max_size=12))
 def test_file_uploads(app, fields, filename):
     body, content_type = multipart(fields, filename)
@@ -232,13 +265,13 @@ def test_file_uploads(app, fields, filename):
     assert_no_gateway_failure(answer, fields)
 
 
-@settings(FUZZ, max_examples=400)
+@settings(FUZZ, max_examples=examples(400))
 @given(body=encoded(batch_bodies))
 def test_batch_creation(app, body):
     assert_no_gateway_failure(run(app, "POST", "/v1/batches", body), body)
 
 
-@settings(FUZZ, max_examples=200)
+@settings(FUZZ, max_examples=examples(200))
 @given(
     route=st.sampled_from(
         [
@@ -260,6 +293,34 @@ def test_object_routes(app, route, object_id, query):
         assert_no_gateway_failure(run(app, "GET", listing, b"", query=query), (listing, query))
 
 
+@settings(FUZZ, max_examples=examples(200))
+@given(
+    method=st.sampled_from(["GET", "PUT", "DELETE", "PATCH", "OPTIONS", "POST", "HEAD"]),
+    path=st.sampled_from(
+        [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/embeddings",
+            "/v1/responses",
+            "/v1/responses/{}",
+            "/v1/responses/{}/cancel",
+            "/v1/files",
+            "/v1/files/{}",
+            "/v1/batches/{}/cancel",
+            "/v1/models",
+            "/health",
+            "/metrics",
+        ]
+    ),
+    object_id=ids,
+)
+def test_methods_on_known_paths(app, method, path, object_id):
+    answer = run(app, method, path.format(object_id), b"")
+    assert_no_gateway_failure(answer, (method, path))
+    if answer.status == 405:
+        assert answer.headers.get(b"allow"), (method, path)
+
+
 # -- over real HTTP -------------------------------------------------------------------------------
 
 
@@ -276,15 +337,18 @@ def gateway_proc(procs, tmp_path_factory, engine):
     return gw.wait_ready("/ready")
 
 
-@settings(FUZZ, max_examples=60)
+@settings(FUZZ, max_examples=examples(60))
 @given(
-    route=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/batches"]),
+    route=st.sampled_from(
+        ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/batches", "/v1/responses"]
+    ),
     chat=encoded(chat_bodies),
     completion=encoded(completion_bodies),
+    response=encoded(response_bodies),
     headers=request_headers,
 )
-def test_over_real_http(gateway_proc, route, chat, completion, headers):
-    body = completion if route == "/v1/completions" else chat
+def test_over_real_http(gateway_proc, route, chat, completion, response, headers):
+    body = {"/v1/completions": completion, "/v1/responses": response}.get(route, chat)
     # On the wire a header value has no surrounding whitespace (the client refuses to send it).
     sent = {name: value.strip() for name, value in headers}
     r = httpx.post(gateway_proc.url + route, content=body, headers=sent, timeout=30)

@@ -110,7 +110,8 @@ def test_models_health_ready_metrics(stack):
     assert [m["id"] for m in models["data"]] == [MODEL]
     assert httpx.get(url + "/health").status_code == 200
     ready = httpx.get(url + "/ready").json()
-    assert ready == {"ready": True, "pools": {"interactive": True, "batch": True}}
+    assert ready["ready"] is True and ready["pools"] == {"interactive": True, "batch": True}
+    assert ready["store"]["ok"] is True and ready["store"]["url"].startswith("sqlite://"), ready
     text = httpx.get(url + "/metrics").text
     for name in (
         "gateway_requests_total",

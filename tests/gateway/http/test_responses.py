@@ -140,9 +140,47 @@ def test_bad_bodies_are_400_in_openai_shape(stack, body, param):
     assert error["param"] == param and error["type"] == "invalid_request_error"
 
 
+DEEP = b"[" * 1000 + b"1" + b"]" * 1000
+DEEP_OBJECT = b'{"a": ' * 1000 + b"1" + b"}" * 1000
+NESTED = {
+    "arguments": b'{"type": "function_call", "call_id": "c1", "name": "f", "arguments": %s}' % DEEP,
+    "output": b'{"type": "function_call_output", "call_id": "c1", "output": %s}' % DEEP_OBJECT,
+    "name": b'{"type": "function_call", "call_id": "c1", "name": %s, "arguments": "{}"}' % DEEP,
+    "output[0]": b'{"type": "function_call_output", "call_id": "c1", "output": [%s]}' % DEEP,
+}
+
+
+@pytest.mark.parametrize("field", list(NESTED))
+def test_tool_items_nested_a_thousand_deep_are_400_naming_the_item(stack, field):
+    item = NESTED[field]
+    body = b'{"model": "%s", "input": [{"role": "user", "content": "hi"}, %s]}' % (MODEL.encode(), item)
+    answer = httpx.post(stack.url + "/v1/responses", content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 400, answer.text[:300]
+    error = answer.json()["error"]
+    assert error["param"] == f"input[1].{field}" and error["type"] == "invalid_request_error"
+    assert len(answer.content) < 1000
+
+
+def test_well_formed_tool_items_are_served(client):
+    response = client.responses.create(
+        model=MODEL,
+        input=[
+            {"role": "user", "content": "What is the weather?"},
+            {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city": "Oslo"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "rain"},
+            {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "cold"}]},
+        ],
+        max_output_tokens=3,
+    )
+    assert response.object == "response" and response.output_text
+
+
 def test_engine_errors_reach_the_client_as_openai_errors(client):
-    with pytest.raises(openai.NotFoundError, match="resp_unknown"):
+    with pytest.raises(openai.NotFoundError, match="resp_unknown") as unknown:
         client.responses.create(model=MODEL, input="x", previous_response_id="resp_unknown")
+    # The engine's own error (vLLM names the id `response_id`), not an unknown model.
+    error = unknown.value.body
+    assert (error["param"], error["code"], error["type"]) == ("response_id", "not_found", "not_found_error")
     with pytest.raises(openai.BadRequestError, match="max_output_tokens"):
         client.responses.create(model=MODEL, input="x", max_output_tokens=10**6)
     with pytest.raises(openai.NotFoundError, match="does not exist"):

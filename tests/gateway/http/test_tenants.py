@@ -1,16 +1,19 @@
 """Tenants over real HTTP: a key's concurrency cap holds its tenant's requests in the gateway's queue
 while another tenant's go ahead (work-conserving), and the tenant comes from the key, never from the
 request. Real gateway and simulated engine processes; the order of events is asserted through the
-access log, never a duration."""
+access log and the gateway's gauges, never a duration."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx
+import openai
 import pytest
 
-from tests.support.observe import log_lines, wait_for
+from tests.gateway.batch.support import chat_line, submit, wait_batch
+from tests.support.observe import async_metric, log_lines, metric, peak_of, until, wait_for
 from tests.support.procs import start_engine, start_gateway
 
 MODEL = "sim-model"
@@ -58,7 +61,11 @@ async def stream(client: httpx.AsyncClient, url: str, key: str, request_id: str)
 async def burst(url: str, keys: dict[str, str]) -> None:
     async with httpx.AsyncClient(timeout=30) as client:
         capped = [asyncio.create_task(stream(client, url, keys["capped"], f"capped-{n}")) for n in range(3)]
-        await asyncio.sleep(0.1)
+
+        async def two_held_back() -> bool:
+            return await async_metric(url, "gateway_tenant_queued", tenant="team-capped") == 2
+
+        assert await until(two_held_back), "the capped tenant's requests never queued"
         await stream(client, url, keys["free"], "free-0")
         await asyncio.gather(*capped)
 
@@ -86,7 +93,7 @@ def test_a_capped_tenant_queues_while_another_goes_ahead(gateway):
 def one_at_a_time(procs, tmp_path_factory):
     """A gateway that runs one request at a time on its engine, and a key for each of two tenants."""
     keys = {tenant: {"name": tenant, "tenant": tenant} for tenant in ("team-a", "team-b")}
-    return start(procs, tmp_path_factory.mktemp("settle"), "1", 1, keys)
+    return start(procs, tmp_path_factory.mktemp("settle"), "2", 1, keys)
 
 
 def test_a_tenant_is_charged_the_tokens_its_answer_used_not_its_max_tokens(one_at_a_time):
@@ -98,15 +105,27 @@ def test_a_tenant_is_charged_the_tokens_its_answer_used_not_its_max_tokens(one_a
         r = await client.post(proc.url + "/v1/completions", json=body, headers=headers)
         assert r.status_code == 200, r.text
 
+    async def holding(name: str, n: int) -> bool:
+        return await async_metric(proc.url, name) == n
+
     async def run() -> None:
         async with httpx.AsyncClient(timeout=30) as client:
-            # b0 holds the engine while the others queue, in this order: a1 asks for 4000 tokens but
-            # the model stops long before (at most 256), then three of team-b's 300 each, then a2.
-            calls = [asyncio.create_task(complete(client, "team-b", "b0", 300, ignore_eos=True))]
+            # b0 holds the engine (up to 6 s) while the others queue, in this order: a1 asks for 4000
+            # tokens but the model stops long before (at most 256), then three of team-b's 300 each, then
+            # a2. Then b0's client leaves: whatever b0 is charged (at most its 3000), team-b's b1 brings
+            # it past a1's real length, while a1 charged its 4000 would put a2 behind all three of team-b's.
+            b0 = asyncio.create_task(complete(client, "team-b", "b0", 3000, ignore_eos=True))
+            assert await until(lambda: holding("gateway_inflight", 1)), "b0 never reached the engine"
             plan = [("team-a", "a1", 4000, {}), *(("team-b", f"b{n}", 300, {"ignore_eos": True}) for n in (1, 2, 3))]
-            for tenant, request_id, max_tokens, extra in [*plan, ("team-a", "a2", 300, {"ignore_eos": True})]:
-                await asyncio.sleep(0.05)
+            calls = []
+            for queued, (tenant, request_id, max_tokens, extra) in enumerate(
+                [*plan, ("team-a", "a2", 300, {"ignore_eos": True})], start=1
+            ):
                 calls.append(asyncio.create_task(complete(client, tenant, request_id, max_tokens, **extra)))
+                assert await until(lambda n=queued: holding("gateway_queue_depth", n)), f"{request_id} never queued"
+            b0.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await b0
             await asyncio.gather(*calls)
 
     asyncio.run(run())
@@ -114,6 +133,57 @@ def test_a_tenant_is_charged_the_tokens_its_answer_used_not_its_max_tokens(one_a
     assert wait_for(lambda: ids <= {x["request_id"] for x in log_lines(proc.log_path.read_text(), "access")})
     ended = [x["request_id"] for x in log_lines(proc.log_path.read_text(), "access") if x["request_id"] in ids]
     assert ended[:2] == ["b0", "a1"], ended
-    # Charged a1's real length, team-a is level with team-b after b1; charged its 4000 max_tokens,
-    # a2 would wait behind all three of team-b's.
     assert ended.index("a2") < ended.index("b2"), ended
+
+
+# -- a tenant's cap binds every way in: its keys, and its batch jobs ------------------------------
+
+
+def inflight(proc, tenant: str):
+    """The gateway's count of ``tenant``'s requests at an engine, sampled while a block runs."""
+    return peak_of(lambda: metric(proc.url, "gateway_tenant_inflight", tenant=tenant))
+
+
+@pytest.fixture(scope="module")
+def team(procs, tmp_path_factory):
+    """A tenant capped at 2 through one key, a sibling key without a cap, an engine that runs 16."""
+    keys = {
+        "capped": {"name": "capped", "tenant": "team-c", "max_concurrency": 2, "classes": ["interactive", "batch"]},
+        "sibling": {"name": "sibling", "tenant": "team-c", "classes": ["interactive", "batch"]},
+        "batcher": {"name": "batcher", "tenant": "team-j", "max_concurrency": 2, "classes": ["batch"]},
+    }
+    proc, made = start(procs, tmp_path_factory.mktemp("team"), "20", 16, keys)
+    listed = httpx.get(proc.url + "/admin/keys", headers={"authorization": f"Bearer {ADMIN}"}).json()["data"]
+    ids = {k["name"]: k["id"] for k in listed}
+    return proc, made, ids
+
+
+def test_a_key_without_a_cap_does_not_lift_its_tenant_s_cap(team):
+    proc, keys, ids = team
+
+    async def run() -> None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            calls = [stream(client, proc.url, keys["sibling" if n % 2 else "capped"], f"team-c-{n}") for n in range(16)]
+            await asyncio.gather(*calls)
+
+    with inflight(proc, "team-c") as running:
+        asyncio.run(run())
+    wanted = {f"team-c-{n}" for n in range(16)}
+    assert wait_for(lambda: wanted <= {x["request_id"] for x in log_lines(proc.log_path.read_text(), "access")})
+    lines = [x for x in log_lines(proc.log_path.read_text(), "access") if x["request_id"] in wanted]
+    assert {x["key_id"] for x in lines} == {ids["capped"], ids["sibling"]}
+    assert running.peak == 2  # the cap, reached: sixteen requests wanted more
+
+
+def test_batch_lines_run_as_their_owner_s_tenant_under_its_cap(team):
+    proc, keys, ids = team
+    client = openai.OpenAI(base_url=proc.url + "/v1", api_key=keys["batcher"], max_retries=0, timeout=30)
+    lines = [chat_line(i, max_tokens=15) for i in range(24)]
+    with inflight(proc, "team-j") as running:
+        batch = wait_batch(client, submit(client, lines).id, timeout=60)
+    assert batch.status == "completed" and batch.request_counts.completed == 24
+    ran = [x for x in log_lines(proc.log_path.read_text(), "access") if x.get("batch_id") == batch.id]
+    assert len(ran) == 24 and {x["key_id"] for x in ran} == {ids["batcher"]}
+    assert running.peak == 2
+    text = httpx.get(proc.url + "/metrics").text
+    assert 'gateway_tenant_requests_total{class="batch",status="200",tenant="team-j"} 24.0' in text

@@ -107,6 +107,32 @@ def test_without_a_traceparent_the_gateway_starts_the_trace(stack, receiver):
     assert engine.parent_span_id == span.span_id
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("baggage", "k=" + "v" * 60_000),
+        ("baggage", ",".join(f"bad member {i}" for i in range(170))),  # under the size limit, each invalid
+        ("tracestate", "vendor=" + "x" * 20_000),
+        ("tracestate", ",".join(f"Bad Key {i}=x" for i in range(30))),
+        ("traceparent", f"00-{TRACE_ID}-{CLIENT_SPAN}-01-" + "f" * 20_000),
+    ],
+)
+def test_oversized_or_malformed_trace_headers_are_dropped_with_one_short_log_line(stack, receiver, name, value):
+    gateway = stack["gateway"]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    before = gateway.log_path.stat().st_size
+    for n in range(20):
+        headers = {"traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN}-01", name: value, "x-request-id": f"{name}-{n}"}
+        answer = httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=headers, timeout=10)
+        assert answer.status_code == 200, answer.text
+    span = gateway_span(receiver, f"{name}-19")
+    grew = gateway.log_path.stat().st_size - before
+    # Twenty access lines and at most one short line about the headers; never what the client sent.
+    assert grew < 20 * 800 + 500, f"the log grew {grew} bytes for 20 requests"
+    if name != "traceparent":
+        assert span.trace_id == TRACE_ID, "the valid traceparent beside it still counts"
+
+
 def test_errors_set_the_status_code_and_5xx_marks_the_span_failed(stack, receiver):
     bad = httpx.post(
         stack["gateway"].url + "/v1/chat/completions",

@@ -272,7 +272,7 @@ def test_replicas_fill_no_more_than_one_would_and_their_safe_share_while_the_cha
 
         def start(*args, d=dispatcher, original=dispatcher._start, **kwargs):
             out = original(*args, **kwargs)
-            if d.safe_share.safe:
+            if d.fleet.channel.safe:
                 # The two replicas heard split the limit this replica learned (it hears no other now);
                 # what ran before the outage runs on, so it is what each starts that is bounded.
                 share = max(1, math.floor(d.limits[out.engine.id].limit / 2))
@@ -313,7 +313,7 @@ def _learning(replicas: int, through_one: bool) -> tuple[float, int]:
         trace.append(TraceRequest(t, 1024, 128, blocks, INTERACTIVE, "t", tenant="t"))
     cluster = Cluster(setup)
     records = cluster.run(trace)["records"]
-    limits = [limit for d in cluster.dispatchers for limit in d.concurrency_limits().values()]
+    limits = [limit for d in cluster.dispatchers for limit in d.readings.concurrency_limits().values()]
     met = sum(meets_budget(r, budget) for r in records.values() if r.req.arrival >= 30.0)
     return sum(limits) / len(limits), met
 

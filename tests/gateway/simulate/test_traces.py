@@ -1,3 +1,4 @@
+import itertools
 from pathlib import Path
 
 from priority_gateway.simulate.traces import hot_prompts, load_trace, merge, parse_trace_arg, poisson
@@ -40,3 +41,20 @@ def test_class_suffix_and_rate_scale():
     assert parse_trace_arg("x.csv") == (Path("x.csv"), "interactive")
     faster = merge([load_trace(AZURE, minutes=1)], rate_scale=2.0)
     assert max(r.arrival for r in faster) < 30.1
+
+
+def test_agent_sessions_chain_turns_whose_prompts_carry_the_previous_context_and_reply():
+    from priority_gateway.simulate.traces import SessionShapes, agent_sessions
+
+    first = agent_sessions(5, 1.0, SessionShapes(turns=(3, 30)), seed=2)
+    assert len(first) == 5 and len({t.session for t in first}) == 5
+    for head in first:
+        turns = [head]
+        while turns[-1].next_turn is not None:
+            turns.append(turns[-1].next_turn)
+        assert 3 <= len(turns) <= 30
+        for before, after in itertools.pairwise(turns):
+            context = before.hash_ids + before.output_hash_ids
+            assert after.hash_ids[: len(context)] == context  # the next prompt carries prompt and reply
+            assert 200 <= after.input_len - before.input_len - before.output_len <= 4000
+            assert 1.0 <= after.pause_s <= 60.0

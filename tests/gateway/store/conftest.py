@@ -3,7 +3,7 @@ import uuid
 import pytest
 import pytest_asyncio
 
-from priority_gateway.store import MemoryStore, RedisStore
+from priority_gateway.store import MemoryStore, RedisStore, SqliteStore
 from tests.support.redis import RedisServer
 
 
@@ -14,10 +14,12 @@ def redis_server(tmp_path_factory):
     server.stop()
 
 
-@pytest_asyncio.fixture(params=["memory", "redis"], loop_scope="function")
-async def store(request):
+@pytest_asyncio.fixture(params=["memory", "sqlite", "redis"], loop_scope="function")
+async def store(request, tmp_path):
     if request.param == "memory":
         backend = MemoryStore()
+    elif request.param == "sqlite":
+        backend = SqliteStore(tmp_path / "data" / "gateway.db")
     else:
         server = request.getfixturevalue("redis_server")
         backend = RedisStore(server.url, prefix=f"t{uuid.uuid4().hex[:8]}")

@@ -1,9 +1,10 @@
-"""One contract, two backends: every test runs against the in-process and the Redis store."""
+"""One contract, three backends: every test runs against the in-process, the SQLite and the Redis store."""
 
 from __future__ import annotations
 
 import asyncio
 
+from priority_gateway.store.base import BLOB_CHUNK
 from priority_gateway.store.records import (
     CANCELLING,
     COMPLETED,
@@ -33,6 +34,23 @@ async def running_batch(store, n: int, batch_id: str = "batch_1") -> None:
 
 
 # -- files and blobs ---------------------------------------------------------------------------
+
+
+async def test_blobs_are_read_whole_or_in_ranges_and_large_ones_round_trip(store):
+    data = bytes(range(256)) * (4096 * 3 + 7)  # three pieces and some
+    await store.put_blob("file-big", data)
+    assert await store.get_blob("file-big") == data
+    assert await store.read_blob("file-big", 0, 10) == data[:10]
+    assert await store.read_blob("file-big", BLOB_CHUNK - 3, 6) == data[BLOB_CHUNK - 3 : BLOB_CHUNK + 3]
+    assert await store.read_blob("file-big", len(data) - 4, 100) == data[-4:]
+    assert await store.read_blob("file-big", len(data), 100) == b""
+    await store.put_blob("file-empty", b"")
+    assert await store.get_blob("file-empty") == b"" and await store.read_blob("file-empty", 0, 5) == b""
+    assert await store.read_blob("file-none", 0, 5) is None and await store.get_blob("file-none") is None
+    await store.put_blob("file-big", b"again")
+    assert await store.get_blob("file-big") == b"again"
+    await store.delete_blob("file-big")
+    assert await store.read_blob("file-big", 0, 5) is None
 
 
 async def test_files_are_listed_newest_first_per_owner_with_pagination(store):
@@ -267,3 +285,13 @@ async def test_tokens_per_minute_include_charges_after_the_fact(store):
     assert (await store.rate_hit("k1", None, 100, 10)).allowed
     too_big = await store.rate_hit("k9", None, 100, 500)
     assert not too_big.allowed and too_big.retry_after_s > 0
+
+
+async def test_a_reservation_given_back_frees_the_window_but_never_below_zero(store):
+    assert (await store.rate_hit("k1", None, 100, 90)).allowed
+    assert not (await store.rate_hit("k1", None, 100, 20)).allowed
+    await store.rate_charge("k1", -60)
+    assert (await store.rate_hit("k1", None, 100, 60)).allowed
+    await store.rate_charge("k2", -1000)
+    assert (await store.rate_hit("k2", None, 100, 100)).allowed
+    assert not (await store.rate_hit("k2", None, 100, 1)).allowed

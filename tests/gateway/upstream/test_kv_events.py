@@ -213,9 +213,7 @@ async def test_callback_errors_do_not_stop_delivery(context: zmq.asyncio.Context
     assert sub.stats.callback_errors == 1
 
 
-async def test_close_stops_receiving(
-    subscriber: KVEventSubscriber, context: zmq.asyncio.Context, received: Received
-) -> None:
+async def test_close_stops_receiving(subscriber: KVEventSubscriber, context: zmq.asyncio.Context) -> None:
     endpoint = subscriber.bind("tcp://127.0.0.1:*")
     await publisher_connected_to(context, endpoint)
     await subscriber.close()

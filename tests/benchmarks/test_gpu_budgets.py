@@ -1,0 +1,143 @@
+"""``benchmarks/gpu/budgets.py`` (one front at rising open-loop rates) and ``budgets_sim.py`` (the same
+scene in ``gateway sim``, compared): the device and the simulator replay the same requests, each level's
+figures judge every request on both budgets, and a small sweep through a real gateway in front of a
+simulated engine comes out side by side with its virtual-time twin."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+
+from priority_gateway.bench.loadgen import Sample
+from tests.support.procs import ROOT, start_engine, start_gateway
+
+GPU = ROOT / "benchmarks" / "gpu"
+TRACES = ROOT / "benchmarks" / "traces"
+
+
+@pytest.fixture
+def budgets(monkeypatch):
+    monkeypatch.syspath_prepend(str(GPU))
+    import budgets
+
+    return budgets
+
+
+def test_the_device_and_the_simulator_replay_the_same_requests(budgets):
+    poisson = budgets.scene_requests("poisson", 12.0, 60.0, seed=3)
+    again = budgets.scene_requests("poisson", 12.0, 60.0, seed=3)
+    assert [(r.arrival, r.input_len, r.output_len) for r in poisson] == [
+        (r.arrival, r.input_len, r.output_len) for r in again
+    ]
+    assert 600 < len(poisson) < 840  # 12/s for a minute, give or take Poisson's spread
+    assert all(768 <= r.input_len <= 1280 and 96 <= r.output_len <= 160 for r in poisson)
+    assert len({r.hash_ids[0] for r in poisson}) == len(poisson)  # every prompt its own
+    bursty = budgets.scene_requests("bursty", 12.0, 20.0, traces=TRACES)
+    assert len(bursty) == 240 and bursty[0].arrival == 0.0
+    assert all(0.0 <= a.arrival <= b.arrival < 20.0 for a, b in itertools.pairwise(bursty))
+    # Squeezed from the Azure trace, its bursts stay: some second holds far more than the mean.
+    per_second = [sum(1 for r in bursty if s <= r.arrival < s + 1) for s in range(20)]
+    assert max(per_second) >= 2 * 12
+
+
+def sample(ttft: float, gaps: list[float], refused: str | None = None, error: str | None = None) -> Sample:
+    s = Sample("r", 0.0)
+    if refused is not None:
+        s.refused, s.done = refused, 0.001
+        return s
+    t = ttft
+    s.chunks = [t]
+    for g in gaps:
+        t += g
+        s.chunks.append(t)
+    s.done, s.error = t, error
+    return s
+
+
+def test_figures_count_refusals_apart_and_judge_each_request_on_both_budgets(budgets):
+    fast = [0.02] * 99
+    samples = [
+        sample(0.1, fast),  # meets both
+        sample(0.6, fast),  # first token late
+        sample(0.1, [*[0.02] * 90, *[0.2] * 9]),  # its own gaps' p99 over 50 ms
+        sample(0.1, fast, error="500 internal_error"),
+        sample(0.0, [], refused="429 slo_budget_exceeded"),
+    ]
+    figures = budgets.level_figures(samples, arrival_window_s=2.0)
+    assert (figures["offered"], figures["admitted"], figures["refused"]) == (5, 4, 1)
+    assert figures["refused_share"] == 0.2
+    assert figures["meeting_budgets"] == 1 and figures["goodput_rps"] == 0.5
+    assert figures["attainment_of_admitted"] == 0.25
+    assert figures["ttft_p99_ms"] > 500 and not figures["admitted_meet_p99_budgets"]
+
+
+def test_a_small_sweep_through_a_gateway_and_its_virtual_time_twin(tmp_path):
+    """A gateway with its limit pinned at 8 in front of one simulated H200 engine, two levels and a
+    warm-up; the analysis and the simulator's replay of the same requests, side by side."""
+    engine_flags = ["--profile", "h200-7b-bf16", "--max-num-seqs", "64", "--max-num-batched-tokens", "384"]
+    engine = start_engine(tmp_path, *engine_flags, "--enable-prompt-tokens-details", model="llama7b")
+    procs = [engine]
+    try:
+        engine.wait_ready()
+        config = {
+            "pools": {"interactive": {"engines": [engine.url]}},
+            "admission": {"initial_limit": 8, "min_limit": 8, "max_limit": 8},
+            "access_log": False,
+        }
+        gateway = start_gateway(tmp_path, config)
+        procs.append(gateway)
+        gateway.wait_ready("/ready")
+        folder = tmp_path / "res" / "budgets-poisson-cap-8"
+        cmd = [sys.executable, str(GPU / "budgets.py"), "sweep", "--url", gateway.url, "--engine", engine.url]
+        cmd += ["--front", "cap-8", "--rates", "3,6", "--level-s", "4", "--warmup-rate", "3", "--warmup-s", "2"]
+        cmd += ["--input", "256", "--output", "32", "--out", str(folder)]
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+    # What the harness writes beside each sweep: the front's configuration and the engine's flags.
+    (folder / "run.json").write_text(json.dumps({"gateway_config": config}))
+    device_args = ["--max-num-seqs=64", "--max-num-batched-tokens=384"]
+    (folder / "engines.json").write_text(json.dumps({"engines": [{"device_args": device_args}]}))
+    sweep = json.loads((folder / "sweep.json").read_text())
+    assert [lv["label"] for lv in sweep["levels"]] == ["warmup", "r=3", "r=6"]
+    assert all(lv["started_s"] < lv["ended_s"] for lv in sweep["levels"])
+    assert (folder / "timelines-02-6.json.gz").exists() and (folder / "metrics-02-6-after.txt").exists()
+    assert sweep["levels"][-1]["limit_last"] == 8  # the gateway's own /metrics, sampled while it ran
+
+    out = tmp_path / "out"
+    for script, extra in (("budgets.py", ["analyze"]), ("budgets_sim.py", [])):
+        cmd = [sys.executable, str(GPU / script), *extra, "--res", str(tmp_path / "res"), "--out", str(out)]
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+    analysis = json.loads((out / "budgets.json").read_text())["by_arrivals"]["poisson"]
+    assert analysis["fronts"] == ["cap-8"] and [r["best_static_cap"] for r in analysis["rates"]] == ["cap-8"] * 2
+    assert (out / "budgets.png").stat().st_size > 0
+    compared = json.loads((out / "sim_vs_gpu.json").read_text())
+    assert [r["level"] for r in compared["rows"]] == ["r=3", "r=6"]
+    simulated = json.loads((out / "sim.json").read_text())["sweeps"][0]["levels"]
+    for device, sim in zip(sweep["levels"], simulated, strict=True):
+        assert sim["offered"] == device["offered"]  # the same requests, replayed
+    for row in compared["rows"]:
+        goodput = row["goodput_rps"]
+        assert goodput["gpu"] > 0 and goodput["sim"] > 0
+        assert goodput["within_15pct"] == (abs(goodput["sim"] - goodput["gpu"]) <= 0.15 * goodput["gpu"])
+
+
+def test_bursty_is_burstier_than_poisson(budgets):
+    """The point of the second arrival process: at one mean rate, its busiest seconds are busier."""
+    seconds = 60.0
+    poisson = budgets.scene_requests("poisson", 8.0, seconds)
+    bursty = budgets.scene_requests("bursty", 8.0, seconds, traces=TRACES)
+
+    def spread(reqs) -> float:
+        counts = [sum(1 for r in reqs if s <= r.arrival < s + 1) for s in range(int(seconds))]
+        mean = sum(counts) / len(counts)
+        return (sum((c - mean) ** 2 for c in counts) / len(counts)) ** 0.5 / mean**0.5
+
+    assert spread(bursty) > 1.1 * spread(poisson)

@@ -1,0 +1,219 @@
+"""``gateway serve`` starts only on a port of its own and always stops, within a bound, on a signal.
+
+Real processes: the gateway, simulated engines, and an engine that accepts connections and never
+answers, so that a health probe is in flight whenever the signal comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import uvicorn
+import yaml
+
+from priority_gateway.serve import GatewayServer, StartSignals, StopWatchdog
+from tests.support.procs import Proc, free_port, start_engine
+
+RUNS = 20
+# What a stop may take here: every step of it is bounded (runtime.STOP_STEP_S), and nothing is in flight.
+STOP_BOUND_S = 20.0
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+
+
+# Starts Python with SIGINT as argv[1] says (exec keeps a default or ignored disposition): a
+# gateway started from a terminal, or with SIGINT ignored as a script's `cmd &` starts it, whatever
+# the disposition of the process running the tests.
+SIGINT_AS = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, getattr(signal, sys.argv[1]));"
+    " os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
+)
+
+
+def gateway(tmp_path, name: str, *args: str, sigint: str = "SIG_DFL") -> Proc:
+    port = free_port()
+    serve = ["-m", "priority_gateway", "serve", "--port", str(port), *args]
+    cmd = [sys.executable, "-c", SIGINT_AS, sigint, *serve]
+    proc = Proc(cmd, f"http://127.0.0.1:{port}", tmp_path / f"{name}.log")
+    # The mark, inherited by every process the gateway starts, finds them after it is gone.
+    proc.env = {**clean_env(), "GATEWAY_TEST_MARK": f"{name}-{uuid.uuid4().hex}"}
+    return proc.start()
+
+
+def marked(proc: Proc) -> list[int]:
+    """Processes still running that carry ``proc``'s mark in their environment."""
+    mark = f"GATEWAY_TEST_MARK={proc.env['GATEWAY_TEST_MARK']}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if mark in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def exit_code(proc: Proc, within_s: float) -> int | None:
+    assert proc.popen is not None
+    try:
+        return proc.popen.wait(timeout=within_s)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def stop_within(proc: Proc, sig: int, within_s: float) -> int | None:
+    """Signal the process group, as a terminal's Ctrl-C does; its exit code, or None if still running."""
+    assert proc.popen is not None
+    os.killpg(proc.popen.pid, sig)
+    code = exit_code(proc, within_s)
+    if code is None:
+        proc.kill()
+    return code
+
+
+class BlackHole:
+    """A TCP server that accepts and never answers: every request to it stays in flight."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_a_port_in_use_is_one_line_that_says_what_to_do_every_time(tmp_path):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        for run in range(RUNS):
+            proc = gateway(tmp_path, f"taken-{run}", "--port", str(port))  # the last --port wins
+            code = exit_code(proc, STOP_BOUND_S)
+            if code is None:
+                proc.kill()
+            log = proc.log()
+            assert code == 1, f"run {run}: {code}\n{log}"
+            lines = log.strip().splitlines()
+            assert len(lines) == 1, log
+            assert "event=listen_failed" in lines[0] and f"127.0.0.1:{port} is already in use" in lines[0]
+            assert "--port" in lines[0] and "Errno" not in log and "listening" not in log
+    finally:
+        taken.close()
+
+
+def test_a_signal_stops_the_gateway_with_probes_in_flight_every_time(tmp_path):
+    engine = start_engine(tmp_path).wait_ready()
+    hole = BlackHole()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "store": "memory",
+                "pools": {"interactive": {"engines": [engine.url, hole.url]}},
+                # Probes back to back: one to the black hole always in flight, one to the engine often.
+                "health": {"interval_s": 0.01, "timeout_s": 60},
+                "scrape": {"interval_s": 0.05},
+            }
+        )
+    )
+    try:
+        for run in range(RUNS):
+            proc = gateway(tmp_path, f"probes-{run}", "--config", str(config))
+            proc.wait_ready("/ready", timeout=60)
+            time.sleep(0.01 * run)  # a different moment of the probe cycle each run
+            sig = signal.SIGINT if run % 2 == 0 else signal.SIGTERM
+            code = stop_within(proc, sig, STOP_BOUND_S)
+            assert code is not None, f"run {run}: still running {STOP_BOUND_S} s after {sig.name}\n{proc.log()}"
+            assert "event=gateway_stopped" in proc.log(), proc.log()
+    finally:
+        hole.close()
+        engine.stop()
+
+
+# From 0.75 s: before it, on a busy machine, Python itself may still be starting (site, the standard
+# library), which prints a KeyboardInterrupt traceback of its own whatever the gateway does, or,
+# started with SIGINT ignored, drops the signal before the gateway's first line can take it.
+@pytest.mark.parametrize(
+    ("sigint", "after_s"),
+    [("SIG_DFL", 0.75), ("SIG_DFL", 1.5), ("SIG_DFL", 3.0), ("SIG_DFL", 6.0), ("SIG_IGN", 0.75), ("SIG_IGN", 1.5)],
+)
+def test_ctrl_c_at_any_moment_of_the_embedded_start_stops_it_and_its_engines(tmp_path, sigint, after_s):
+    proc = gateway(tmp_path, "embedded", sigint=sigint)
+    assert proc.popen is not None
+    time.sleep(after_s)
+    code = stop_within(proc, signal.SIGINT, STOP_BOUND_S)
+    assert code is not None, f"still running {STOP_BOUND_S} s after Ctrl-C at {after_s} s\n{proc.log()}"
+    assert "Traceback" not in proc.log(), proc.log()
+    assert marked(proc) == [], "processes the gateway started are still running"
+
+
+async def _lifespan_only(scope, receive, send, events: list[str]) -> None:
+    assert scope["type"] == "lifespan"
+    while True:
+        message = await receive()
+        events.append(message["type"])
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        else:
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+async def test_a_signal_between_the_start_and_uvicorns_handlers_stops_the_server_cleanly(sig):
+    """The start is over (handed over) but uvicorn has not put its handlers in: the signal waits for
+    the server, which starts and stops cleanly, then goes back to the handler from before (asyncio's
+    runner's, here a recorder) once, as it would without the gateway."""
+    passed_back: list[int] = []
+    before = signal.signal(sig, lambda signum, _frame: passed_back.append(signum))
+    events: list[str] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    watchdog = StopWatchdog(120.0)
+    try:
+        signals = StartSignals(lambda: watchdog)
+        config = uvicorn.Config(
+            lambda scope, receive, send: _lifespan_only(scope, receive, send, events),
+            interface="asgi3",
+            lifespan="on",
+            log_config=None,
+        )
+        server = GatewayServer(config, watchdog, signals)
+        signals.hand_over()
+        signal.raise_signal(sig)
+        await asyncio.wait_for(server.serve(sockets=[listener]), 30)
+    finally:
+        watchdog.disarm()
+        listener.close()
+        signal.signal(sig, before)
+    assert server.should_exit
+    assert events == ["lifespan.startup", "lifespan.shutdown"]
+    assert passed_back == [sig]
