@@ -327,7 +327,7 @@ def start_engines(setup: Setup, layout: Layout | None = None) -> None:
     (logs / f"layout-{generation}.json").write_text(json.dumps(record, indent=1))
     (RES / "engines.json").write_text(json.dumps(record, indent=1))
     pgids = [proc.pid for proc in setup.procs]
-    ENGINES_FILE.write_text(json.dumps({"layout": _layout_key(layout), "pgids": pgids, **record}))
+    ENGINES_FILE.write_text(json.dumps({**record, "layout": _layout_key(layout), "pgids": pgids}))
     log(f"{len(setup.procs)} engines healthy after {up_s:.0f} s")
 
 
