@@ -649,7 +649,8 @@ def plot_overview(rows: list[dict[str, Any]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     sittings = sorted({r["sitting"] for r in rows})
-    markers = dict(zip(sittings, "os^Dv", strict=False))
+    # More sittings than shapes: the shapes repeat.
+    markers = {sitting: "os^Dv<>P*X"[i % 10] for i, sitting in enumerate(sittings)}
     for r in rows:
         color = "tab:grey" if r["replicas"] == 1 else "tab:blue"
         pinned = f", pinned {r['pin_limit']:g}" if r["pin_limit"] else ""
