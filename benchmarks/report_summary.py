@@ -231,12 +231,12 @@ def budgets(folder: str, arrivals: str, sitting: str) -> Callable[[Read], list[s
         over = ", ".join(times(r["gateway_goodput_over_best_cap"]) for r in rates)
         best = ", ".join(sorted({r["best_static_cap"] for r in rates}))
         offered = f"{rate(rates[0]['rate'])} to {rate(rates[-1]['rate'])} requests/s"
-        off = rates[-1]["fronts"]["ours-off"]["goodput_rps"]
+        off = rates[-1]["fronts"].get("ours-off")  # a sitting may leave admission off out
         return [
             f"On one H200 engine, does the learned limit admit as well as the best static cap? Interactive "
             f"{ARRIVALS[arrivals]} arrivals at rising rates (live; TTFT p99 500 ms, ITL p99 50 ms)",
-            f"the gateway's goodput {ours} requests/s within both budgets at {offered} offered; admission off "
-            f"{off:.2f} at the highest",
+            f"the gateway's goodput {ours} requests/s within both budgets at {offered} offered"
+            + (f"; admission off {off['goodput_rps']:.2f} at the highest" if off else ""),
             f"the best static cap ({best}): {over}",
             "`harness.py launch --plan budgets` on the GPU, `budgets.py analyze` here (benchmarks/gpu/README.md)",
             measured_at(result, read(raw_run)),
@@ -255,8 +255,8 @@ ROWS: tuple[Callable[[Read], list[str]], ...] = (
     relay,
     batch_lines,
     soak,
-    budgets("limit-judged-at-its-level", "poisson", "sitting-1a"),
-    budgets("limit-judged-where-load-runs", "bursty", "sitting-1c"),
+    budgets("at-13b1a12", "poisson", "sitting-2"),
+    budgets("at-13b1a12", "bursty", "sitting-2"),
 )
 
 
