@@ -11,7 +11,8 @@ Rules:
 - The scene (``scene_requests``): ``poisson`` arrivals at the level's rate, or ``bursty`` ones (the
   Azure LLM conversation trace's arrival times from its start, scaled so that their mean rate is the
   level's); in both, prompt and output lengths drawn alike (``input``, ``output``, each ±25 %,
-  seeded), every prompt distinct. So one level differs from the next, and one front from another
+  seeded: the n-th measured level by the sweep's seed plus n, whether a warm-up ran before it or
+  not), every prompt distinct. So one level differs from the next, and one front from another
   at the same level, only in what is measured. ``budgets_sim.py`` replays the same requests in
   ``gateway sim``.
 - Levels run in rising order against one front process, after a warm-up level that is not
@@ -29,7 +30,8 @@ Rules:
   ``gateway bench`` judges). Admitted: not refused (429). Admitted goodput: requests meeting the
   budgets per second of the arrival window; attainment: those over the admitted; refused share:
   refused over offered; TTFT p50/p99 and ITL p99 over the admitted requests that completed.
-- ``analyze``: per arrival process and offered rate, every front's figures; the best static cap is
+- ``analyze``: per arrival process and offered rate, every front's figures (a repeat of one,
+  ``<front>@2``, side by side with it; the gateway's ratio is its worse run's); the best static cap is
   the cap front (``cap-N``: the gateway's limit pinned at N; ``engine-cap-N``: the engine's own
   ``--max-num-seqs N``) with the highest goodput at that rate; the gateway's goodput over it, and
   whether its admitted requests met both budgets at the p99.
@@ -253,6 +255,18 @@ class Level:
     warmup: bool = False
 
 
+WARMUP_SEED = 10_000
+"""Added to the sweep's seed for its warm-up level, which no measured level then shares."""
+
+
+def level_seed(seed: int, index: int, levels: list[Level]) -> int:
+    """The seed of ``levels[index]``: the n-th measured level gets ``seed + n`` whether or not a warm-up
+    runs before it, so every front meets the same requests at the same rate."""
+    if levels[index].warmup:
+        return seed + WARMUP_SEED
+    return seed + sum(1 for level in levels[:index] if not level.warmup)
+
+
 def sweep(args: argparse.Namespace) -> dict[str, Any]:
     provenance = envelope.start()
     out: Path = args.out
@@ -276,9 +290,10 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
     is_gateway = args.front.startswith(("ours", "cap-", "engine-cap-"))
     origin = time.monotonic()
     for i, level in enumerate(levels):
+        seed = level_seed(args.seed, i, levels)
         reqs = scene_requests(
             args.arrivals, level.rate, level.seconds, input_len=args.input, output_len=args.output,
-            seed=args.seed + i, traces=traces,
+            seed=seed, traces=traces,
         )  # fmt: skip
         tag = f"{secrets.token_hex(4)} {args.front} {level.label}"
         token_ids = TokenIds(args.vocab_size)
@@ -293,7 +308,7 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
         after = _get(args.engine + "/metrics") if args.engine else ""
         figures = level_figures(samples, level.seconds, budget)
         row = {"label": level.label, "rate": level.rate, "warmup": level.warmup, "seconds": level.seconds}
-        row |= {"seed": args.seed + i, "started_s": round(began, 3), "ended_s": round(ended, 3), **figures}
+        row |= {"seed": seed, "started_s": round(began, 3), "ended_s": round(ended, 3), **figures}
         if series:
             limits = [p["limit"] for p in series if "limit" in p]
             row["limit_last"] = limits[-1] if limits else None
@@ -349,6 +364,11 @@ def is_cap(front: str) -> bool:
     return front.startswith(("cap-", "engine-cap-"))
 
 
+def is_ours(front: str) -> bool:
+    """The gateway learning its limit, in any of its runs (``ours-admission``, ``ours-admission@2``)."""
+    return front.split("@", 1)[0] == "ours-admission"
+
+
 def analyze(folders: list[Path], out: Path, provenance: envelope.Envelope) -> dict[str, Any]:
     sweeps = load_sweeps(folders)
     if not sweeps:
@@ -369,15 +389,19 @@ def analyze(folders: list[Path], out: Path, provenance: envelope.Envelope) -> di
             at = {f: next((lv for lv in rows if lv["rate"] == rate), None) for f, rows in fronts.items()}
             caps = {f: lv for f, lv in at.items() if lv is not None and is_cap(f)}
             best = max(caps, key=lambda f: caps[f]["goodput_rps"]) if caps else None
-            ours = at.get("ours-admission")
+            ours = {f: lv for f, lv in at.items() if lv is not None and is_ours(f)}
             row: dict[str, Any] = {"rate": rate, "fronts": {f: lv for f, lv in at.items() if lv is not None}}
             if best is not None:
                 row["best_static_cap"] = best
                 row["best_static_cap_goodput_rps"] = caps[best]["goodput_rps"]
-            if ours is not None:
-                row["gateway_meets_p99_budgets"] = ours["admitted_meet_p99_budgets"]
+            if ours:
+                # Every run of the gateway is judged; a second run is a repeat, not a second chance.
+                row["gateway_meets_p99_budgets"] = all(lv["admitted_meet_p99_budgets"] for lv in ours.values())
                 if best is not None and caps[best]["goodput_rps"] > 0:
-                    row["gateway_goodput_over_best_cap"] = round(ours["goodput_rps"] / caps[best]["goodput_rps"], 3)
+                    cap = caps[best]["goodput_rps"]
+                    runs = {f: round(lv["goodput_rps"] / cap, 3) for f, lv in sorted(ours.items())}
+                    row["gateway_goodput_over_best_cap_runs"] = runs
+                    row["gateway_goodput_over_best_cap"] = min(runs.values())
             table.append(row)
         ratios = [r["gateway_goodput_over_best_cap"] for r in table if "gateway_goodput_over_best_cap" in r]
         summary["by_arrivals"][arrivals] = {
@@ -417,7 +441,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
             # At the level's offered rate as planned (the measured one is in budgets.json).
             points = [(r["rate"], r["fronts"][front]) for r in data["rates"] if front in r["fronts"]]
             xs = [x for x, _ in points]
-            style = {"linewidth": 2.5} if front == "ours-admission" else {"linestyle": "--" if is_cap(front) else "-"}
+            style = {"linewidth": 2.5} if is_ours(front) else {"linestyle": "--" if is_cap(front) else "-"}
             style["color"] = colors[front]
             axes[row][0].plot(xs, [lv["goodput_rps"] for _, lv in points], marker="o", label=front, **style)
             attain = [lv["attainment_of_admitted"] for _, lv in points]

@@ -141,3 +141,37 @@ def test_bursty_is_burstier_than_poisson(budgets):
         return (sum((c - mean) ** 2 for c in counts) / len(counts)) ** 0.5 / mean**0.5
 
     assert spread(bursty) > 1.1 * spread(poisson)
+
+
+def test_a_warm_up_does_not_shift_the_requests_of_the_measured_levels(budgets):
+    """Every front meets the same requests at a rate: the gateway's warm-up comes before its levels, and
+    the fronts without one must not be offered another draw of arrivals at the same rate."""
+    level = budgets.Level
+    warm = [level("warmup", 8.0, 20.0, warmup=True), level("r=4", 4.0, 15.0), level("r=8", 8.0, 15.0)]
+    cold = warm[1:]
+    seeds_warm = [budgets.level_seed(0, i, warm) for i in range(len(warm))]
+    seeds_cold = [budgets.level_seed(0, i, cold) for i in range(len(cold))]
+    assert seeds_warm[1:] == seeds_cold == [0, 1]
+    assert seeds_warm[0] not in seeds_cold
+    with_warmup = budgets.scene_requests("poisson", 4.0, 15.0, seed=seeds_warm[1])
+    without = budgets.scene_requests("poisson", 4.0, 15.0, seed=seeds_cold[0])
+    assert [(r.arrival, r.input_len) for r in with_warmup] == [(r.arrival, r.input_len) for r in without]
+
+
+def test_every_run_of_the_gateway_is_judged_against_the_best_cap(budgets, tmp_path):
+    """A repeat (``ours-admission@2``) is a second run, not a second chance: the ratio is the worse one."""
+
+    def level(rate: float, goodput: float, meets: bool) -> dict:
+        return {"label": f"r={rate:g}", "rate": rate, "goodput_rps": goodput, "attainment_of_admitted": 1.0,
+                "admitted_meet_p99_budgets": meets}  # fmt: skip
+
+    runs = (("cap-32", 10.0, True), ("ours-admission", 9.8, True), ("ours-admission@2", 9.0, False))
+    for front, goodput, meets in runs:
+        folder = tmp_path / f"budgets-poisson-{front}"
+        folder.mkdir()
+        sweep = {"front": front, "arrivals": "poisson", "commit": "x", "levels": [level(8.0, goodput, meets)]}
+        (folder / "sweep.json").write_text(json.dumps(sweep))
+    summary = budgets.analyze([tmp_path], tmp_path / "out", budgets.envelope.start())
+    row = summary["by_arrivals"]["poisson"]["rates"][0]
+    assert row["gateway_goodput_over_best_cap_runs"] == {"ours-admission": 0.98, "ours-admission@2": 0.9}
+    assert row["gateway_goodput_over_best_cap"] == 0.9 and row["gateway_meets_p99_budgets"] is False
