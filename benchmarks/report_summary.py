@@ -219,7 +219,7 @@ def soak(read: Read) -> list[str]:
 ARRIVALS = {"poisson": "Poisson", "bursty": "bursty (the Azure trace's)"}
 
 
-def budgets(folder: str, arrivals: str, sitting: str) -> Callable[[Read], list[str]]:
+def budgets(folder: str, arrivals: str, sitting: str, plan: str = "budgets") -> Callable[[Read], list[str]]:
     """One arrival process of the single-H200 budgets sitting; the commit from the device run's own record
     in ``raw/<sitting>`` (the analysis did not copy it)."""
     raw_run = f"gpu/budgets/raw/{sitting}/budgets-{arrivals}-ours-admission/run.json"
@@ -238,7 +238,7 @@ def budgets(folder: str, arrivals: str, sitting: str) -> Callable[[Read], list[s
             f"the gateway's goodput {ours} requests/s within both budgets at {offered} offered"
             + (f"; admission off {off['goodput_rps']:.2f} at the highest" if off else ""),
             f"the best static cap ({best}): {over}",
-            "`harness.py launch --plan budgets` on the GPU, `budgets.py analyze` here (benchmarks/gpu/README.md)",
+            f"`harness.py launch --plan {plan}` on the GPU, `budgets.py analyze` here (benchmarks/gpu/README.md)",
             measured_at(result, read(raw_run)),
         ]
 
@@ -255,8 +255,8 @@ ROWS: tuple[Callable[[Read], list[str]], ...] = (
     relay,
     batch_lines,
     soak,
-    budgets("at-13b1a12", "poisson", "sitting-2"),
-    budgets("at-13b1a12", "bursty", "sitting-2"),
+    budgets("at-00ecf51/machine-b", "poisson", "sitting-3b", "budgets-again"),
+    budgets("at-00ecf51/machine-b", "bursty", "sitting-3b", "budgets-again"),
 )
 
 
