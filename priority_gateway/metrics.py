@@ -177,8 +177,6 @@ class StateSource(Protocol):
 
     def prefix_hit_estimates(self) -> dict[str, float]: ...
 
-    def ttft_margins(self) -> dict[str, float]: ...
-
     def concurrency_limits(self) -> dict[str, float]: ...
 
     def held_slots(self) -> dict[str, int]: ...
@@ -202,15 +200,6 @@ class _StateCollector(Collector):
         for pool, value in self.state.prefix_hit_estimates().items():
             ratio.add_metric((pool,), value)
         yield ratio
-        margin = GaugeMetricFamily(
-            "gateway_ttft_margin",
-            "What admission multiplies a pool's typical predicted first token by before it starts a request"
-            " with a TTFT budget: the p99 of observed over predicted first tokens there (1.2 until 50 were seen).",
-            labels=("pool",),
-        )
-        for pool, value in self.state.ttft_margins().items():
-            margin.add_metric((pool,), value)
-        yield margin
         yield from self._engine_state()
 
     def _admission_state(self) -> tuple[Metric, ...]:

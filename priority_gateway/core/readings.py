@@ -42,10 +42,6 @@ class Readings:
     def prefix_hit_estimates(self) -> dict[str, float]:
         return {name: pool.policy.hit_ratio_estimate() for name, pool in self._d.pools.items()}
 
-    def ttft_margins(self) -> dict[str, float]:
-        """What admission multiplies each pool's typical predicted first token by, to bound a p99."""
-        return {name: pool.ttft_model.margin for name, pool in self._d.pools.items()}
-
     def concurrency_limits(self) -> dict[str, float]:
         """Each engine's limit as admission applies it (the fleet's, or this replica's safe share of it)."""
         return self._d.capacity.limits_applied(self._d.engines())

@@ -51,11 +51,6 @@ class TTFTModel:
         if expected is not None:
             self._ratios.append(seconds / max(expected, _FLOOR_S))
             self._fresh += 1
-            if self._fresh >= _REFRESH and len(self._ratios) >= MIN_RATIOS:
-                self._fresh = 0
-                ordered = sorted(self._ratios)
-                p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
-                self._margin = min(MAX_MARGIN, max(MIN_MARGIN, p99))
         d = self.decay
         x = float(tokens)
         self._n = d * self._n + 1.0
@@ -76,6 +71,10 @@ class TTFTModel:
 
     @property
     def margin(self) -> float:
-        """What a typical first token (``predict``) is multiplied by to bound a p99 one (a read: it is
-        worked out as first tokens are observed)."""
+        """What a typical first token (``predict``) is multiplied by to bound a p99 one."""
+        if self._fresh >= _REFRESH and len(self._ratios) >= MIN_RATIOS:
+            self._fresh = 0
+            ordered = sorted(self._ratios)
+            p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+            self._margin = min(MAX_MARGIN, max(MIN_MARGIN, p99))
         return self._margin

@@ -20,7 +20,6 @@ GATEWAY: dict[str, tuple[str, frozenset[str]]] = {
     "gateway_routing_decisions_total": ("counter", frozenset({"pool", "engine", "reason"})),
     "gateway_predicted_cached_tokens": ("histogram", frozenset({"pool"})),
     "gateway_prefix_hit_ratio_estimate": ("gauge", frozenset({"pool"})),
-    "gateway_ttft_margin": ("gauge", frozenset({"pool"})),
     "gateway_admission_total": ("counter", frozenset({"class", "decision"})),
     "gateway_queue_depth": ("gauge", frozenset({"pool", "class"})),
     "gateway_queue_wait_seconds": ("histogram", frozenset({"class"})),

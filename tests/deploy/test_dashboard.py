@@ -162,9 +162,6 @@ def test_documented_gateway_metrics_are_the_ones_the_gateway_exports() -> None:
         def prefix_hit_estimates(self) -> dict[str, float]:
             return {}
 
-        def ttft_margins(self) -> dict[str, float]:
-            return {}
-
         def concurrency_limits(self) -> dict[str, float]:
             return {}
 

@@ -406,22 +406,3 @@ def test_a_pool_sharing_the_devices_learns_its_limits_from_the_other_pools_gaps(
     d.poll(now)
     assert d.limits["b0"].limit < 8.0 and d.limits["b0"].reason == "itl_over_budget"
     assert isinstance(d.submit(req(BATCH), now).answer, Queued), "the batch pool is throttled"
-
-
-def test_the_ttft_margin_is_learned_from_the_pool_s_own_first_tokens():
-    """First tokens that come at twice the line's typical time, now and then, widen the margin admission
-    starts requests by (and that observers read), so that a request is held back earlier."""
-    steady, spread = make(interactive=1, limit=64), make(interactive=1, limit=64)
-    now = 0.0
-    for i in range(200):
-        for d, slow in ((steady, False), (spread, i % 10 == 0)):
-            out = d.submit(req(now=now), now).answer
-            stream(d, out, now, 2, ttft=0.25 if slow else 0.1)
-        now += 1.0
-    assert steady.readings.ttft_margins()["interactive"] == 1.1
-    assert spread.readings.ttft_margins()["interactive"] > 2.0
-    # A request that has waited 300 ms of its 500 ms budget: 100 ms typical fits twice in what is left
-    # on the steady pool's margin, not on the spread one's.
-    late = {name: d.submit(req(now=now - 0.3), now).answer for name, d in (("steady", steady), ("spread", spread))}
-    assert not isinstance(late["steady"], Rejection)
-    assert isinstance(late["spread"], Rejection) and late["spread"].reason == Refusal.SLO_BUDGET_EXCEEDED
