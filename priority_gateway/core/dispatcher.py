@@ -9,8 +9,8 @@ Rules:
   room (``capacity``: the one gate, whatever the channel to other replicas is doing).
 - A request with a TTFT budget starts on an engine only while its first token can come in time there:
   the prefill queued on the engine (this replica's and the others') and its own uncached part, at the
-  pace the pool's first tokens showed (``ttft_model``: its line predicts a typical first token, times the
-  margin its misses measured, since the budget bounds a p99); engines where it would be late are passed over.
+  pace the pool's first tokens showed (``ttft_model``, with a margin: the line predicts a typical first
+  token, the budget bounds a p99); engines where it would be late are passed over.
 - With admission on, a request that finds no room waits in its pool's queue, classes by rank, tenants
   by weighted fair queueing (``queue``, ``fair_queue``), until it can start; an interactive-kind
   request that cannot start within its TTFT budget is refused at once (``slo_budget_exceeded``), and
@@ -335,7 +335,7 @@ class Dispatcher:
         for _ in range(len(candidates)):
             ahead = choice.engine.queued_prefill + max(0, req.prompt_tokens - choice.predicted_cached_tokens)
             expected = model.predict(ahead)
-            if expected is None or model.margin * expected <= left:  # a typical first token, against a p99 budget
+            if expected is None or 1.2 * expected <= left:  # margin: a typical first token, against a p99 budget
                 return choice
             candidates = [e for e in candidates if e is not choice.engine]
             choice = pool.policy.choose(req, candidates, now)
@@ -365,9 +365,8 @@ class Dispatcher:
 
     def _start_deadline(self, req: RouteRequest, pool: Pool) -> float:
         if req.budget.ttft_s is not None:
-            # The line predicts a typical first token, the budget bounds the p99.
-            model = pool.ttft_model
-            expected = model.margin * (model.predict(req.prompt_tokens) or 0.0)
+            # Margin: the line predicts a typical first token, the budget bounds the p99.
+            expected = 1.2 * (pool.ttft_model.predict(req.prompt_tokens) or 0.0)
             return req.arrival + max(0.0, req.budget.ttft_s - expected)
         if req.budget.deadline_s is not None:
             return req.arrival + req.budget.deadline_s
