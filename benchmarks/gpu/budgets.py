@@ -364,9 +364,14 @@ def is_cap(front: str) -> bool:
     return front.startswith(("cap-", "engine-cap-"))
 
 
+def front_kind(front: str) -> str:
+    """What a front is, without its repeat's tag (``ours-admission@2`` is a second run of ``ours-admission``)."""
+    return front.split("@", 1)[0]
+
+
 def is_ours(front: str) -> bool:
     """The gateway learning its limit, in any of its runs (``ours-admission``, ``ours-admission@2``)."""
-    return front.split("@", 1)[0] == "ours-admission"
+    return front_kind(front) == "ours-admission"
 
 
 def analyze(folders: list[Path], out: Path, provenance: envelope.Envelope) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import engine_args
+from budgets import front_kind
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bundle's root: the package is not installed
 
@@ -1005,11 +1006,6 @@ def capacity(setup: Setup) -> tuple[float, str]:
         return FALLBACK_CAPACITY_RPS, "gateway sim's estimate (the probe did not run)"
 
 
-def front_kind(front: str) -> str:
-    """What a front is, without its repeat's tag (``ours-admission@2`` is a second run of ``ours-admission``)."""
-    return front.split("@", 1)[0]
-
-
 def budgets_front(front: str, url: str) -> dict | None:
     """The gateway's configuration for ``front`` (None: not the gateway)."""
     front = front_kind(front)
@@ -1173,12 +1169,17 @@ def fleet_shipped_steps(setup: Setup, runs: int = FLEET_RUNS) -> list[Step]:
     return steps
 
 
+def sweep_step(setup: Setup, arrivals: str, front: str) -> Step:
+    """One front's sweep as a step of a plan, on the single engine."""
+    estimate = budgets_estimate(setup, arrivals, front)
+    return Step(f"budgets {arrivals} {front}", estimate, lambda: budgets_run(setup, arrivals, front), SINGLE)
+
+
 def budgets_steps(setup: Setup, fleet_runs: int = FLEET_RUNS) -> list[Step]:
     """The budgets plan, most valuable first (README, "The budgets plan")."""
 
     def sweep(arrivals: str, front: str) -> Step:
-        estimate = budgets_estimate(setup, arrivals, front)
-        return Step(f"budgets {arrivals} {front}", estimate, lambda: budgets_run(setup, arrivals, front), SINGLE)
+        return sweep_step(setup, arrivals, front)
 
     caps = [f"cap-{c}" for c in CAPS]
     steps = [Step("budgets capacity", setup.seconds(15) + 40, lambda: capacity_probe(setup), SINGLE)]
@@ -1213,10 +1214,7 @@ on the gateway alone. Here a cap runs first, the gateway twice between caps."""
 
 def budgets_again_steps(setup: Setup) -> list[Step]:
     steps = [Step("budgets capacity", setup.seconds(15) + 40, lambda: capacity_probe(setup), SINGLE)]
-    for arrivals, front in AGAIN_ORDER:
-        run = lambda a=arrivals, f=front: budgets_run(setup, a, f)  # noqa: E731
-        steps.append(Step(f"budgets {arrivals} {front}", budgets_estimate(setup, arrivals, front), run, SINGLE))
-    return steps
+    return steps + [sweep_step(setup, arrivals, front) for arrivals, front in AGAIN_ORDER]
 
 
 def plan_steps(setup: Setup, name: str) -> list[Step]:
