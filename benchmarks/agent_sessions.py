@@ -100,7 +100,7 @@ def mooncake_shapes(path: Path, system_tokens: int) -> tuple[SessionShapes, dict
         system_tokens=system_tokens,
     )
     stats = {
-        "trace": str(path.relative_to(ROOT)),
+        "trace": f"benchmarks/traces/mooncake/{path.name}",  # the repository's copy, wherever it was read
         "continuations": len(appended),
         "appended_p10_p50_p90": _quantiles(appended),
         "output_p10_p50_p90": _quantiles([int(r["output_length"]) for r in rows]),

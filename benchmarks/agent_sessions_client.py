@@ -148,7 +148,7 @@ def _p(values: list[float], q: float) -> float | None:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     shapes_of = _shapes_module()
-    shapes, stats = shapes_of.mooncake_shapes(shapes_of.MOONCAKE, 2048)
+    shapes, stats = shapes_of.mooncake_shapes(Path(args.trace) if args.trace else shapes_of.MOONCAKE, 2048)
     trace = [t for t in agent_sessions(10_000, args.rate, shapes, args.seed) if t.arrival < args.seconds]
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=args.url, timeout=args.limit_s, limits=limits) as client:
@@ -176,6 +176,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="sessions start during this long")
     parser.add_argument("--limit-s", type=float, default=240.0, help="the whole run's limit")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trace", help="the Mooncake conversation trace (default: the repository's copy)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     provenance = envelope.start()

@@ -843,8 +843,8 @@ SESSION_FRONTS = {
 def sessions_steps(setup: Setup) -> list[tuple[str, float, Callable[[], None]]]:
     """Agent sessions closed loop (``benchmarks/agent_sessions_client.py``) through each front in turn:
     the gateway with sessions off, on, on with retention (admission on, interactive ITL budget 250 ms,
-    no TTFT refusals), vllm-router cache_aware and consistent_hash on ``X-Session-ID``; ~70 s each."""
-    seconds, limit = setup.seconds(40), setup.seconds(70)
+    no TTFT refusals), vllm-router cache_aware and consistent_hash on ``X-Session-ID``; ~120 s each."""
+    seconds, limit = setup.seconds(40), setup.seconds(100)
     steps = []
     for front in SESSION_FRONTS:
         steps.append((f"sessions {front}", limit + 20, lambda f=front: agent_sessions_run(setup, f, seconds, limit)))
@@ -881,6 +881,8 @@ def agent_sessions_run(setup: Setup, front: str, seconds: float, limit: float) -
             f"{seconds:g}",
             "--limit-s",
             f"{limit:g}",
+            "--trace",
+            str(TRACES / "mooncake/conversation_trace.jsonl"),
             "--out",
             str(folder),
         ]

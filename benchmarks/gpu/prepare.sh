@@ -56,7 +56,7 @@ cp "$W"/redis/*.deb "$LAST/"
 STAMP=$(mktemp -d); (cd "$ROOT" && python3 -c 'from priority_gateway.bench.envelope import commit_stamp; print(commit_stamp())') \
   > "$STAMP/COMMIT"
 (cd "$ROOT" && git ls-files -co --exclude-standard priority_gateway engines benchmarks/gpu benchmarks/vllm_calibration.py \
-  benchmarks/live_stack.py benchmarks/fairness.py benchmarks/fairness_realtime.py benchmarks/fleet_admission_realtime.py \
+  benchmarks/live_stack.py benchmarks/agent_sessions.py benchmarks/agent_sessions_client.py benchmarks/fairness.py benchmarks/fairness_realtime.py benchmarks/fleet_admission_realtime.py \
   pyproject.toml | tar -cf - -T - -C "$STAMP" COMMIT | xz -9 > "$LAST/proj.tar.xz")
 rm -rf "$STAMP"
 (cd "$W" && sha256sum site.tar.xz > "$LAST/SHA256SUMS")
