@@ -239,11 +239,11 @@ def _p(values: Sequence[float], q: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1)], 3)
 
 
-def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    base = results["prefix"]
+def ratios(results: dict[str, dict[str, Any]], against: str = "prefix") -> dict[str, Any]:
+    base = results[against]
     out: dict[str, Any] = {}
     for name, r in results.items():
-        if name == "prefix":
+        if name == against:
             continue
         out[name] = {
             "reprefill_fewer_x": _ratio(base["reprefilled_tokens"], r["reprefilled_tokens"]),
@@ -272,7 +272,8 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4))
     for ax, (key, title) in zip(axes, panels, strict=True):
-        ax.bar(range(len(names)), [results[n][key] or 0 for n in names], color=["#999", "#6a9", "#2a6", "#c84"])
+        colors = ["#999", "#6a9", "#2a6", "#c84", "#a63"][: len(names)]
+        ax.bar(range(len(names)), [results[n][key] or 0 for n in names], color=colors)
         ax.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names], fontsize=7)
         ax.set_title(title, fontsize=9)
     fig.tight_layout()

@@ -9,6 +9,7 @@ as a Poisson process for ``--seconds``; every started session runs to its end (b
 ``--enable-prompt-tokens-details``), end time; the summary is ``benchmarks/agent_sessions.py``'s.
 
     python benchmarks/agent_sessions_client.py --url http://127.0.0.1:8200 --model llama7b --out DIR
+    python benchmarks/agent_sessions_client.py --overview RUN1 RUN2 --out DIR   # runs side by side
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import importlib.util
 import itertools
 import json
 import random
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -168,9 +170,58 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"summary": summarize(turns, elapsed), "shapes_from": stats, "turns": turns, "elapsed_s": round(elapsed, 1)}
 
 
+MEDIAN_KEYS = (
+    "reprefilled_tokens",
+    "reprefilled_per_continuing_turn",
+    "turn_ttft_p50_s",
+    "turn_ttft_p99_s",
+    "session_completion_p50_s",
+    "session_completion_p99_s",
+    "new_session_ttft_p99_s",
+    "output_tokens_per_s",
+)
+
+
+def overview(runs: list[Path], out: Path, provenance: envelope.Envelope) -> dict[str, Any]:
+    """Several runs of every front (``RUN/<front>/sessions.json``, as the GPU's sessions plan writes
+    them): each run's summary, the medians per front, and the medians' ratios against the gateway's
+    plain prefix routing (``agent_sessions.ratios``, the simulator's); ``sessions.json`` and a plot."""
+    shapes_of = _shapes_module()
+    fronts: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        for path in sorted(run.glob("*/sessions.json")):
+            summary = dict(json.loads(path.read_text())["summary"])
+            continuing = summary["continuing_turns"]
+            summary["reprefilled_per_continuing_turn"] = (
+                round(summary["reprefilled_tokens"] / continuing, 1) if continuing else None
+            )
+            fronts.setdefault(path.parent.name, []).append({"run": run.name, **summary})
+    medians: dict[str, dict[str, Any]] = {}
+    for front, rows in fronts.items():
+        medians[front] = {"runs": len(rows)}
+        for key in MEDIAN_KEYS:
+            values = [r[key] for r in rows if r.get(key) is not None]
+            medians[front][key] = round(statistics.median(values), 3) if values else None
+    result = provenance.wrap(
+        {
+            "runs": fronts,
+            "medians": medians,
+            "ratios_against_ours_prefix": shapes_of.ratios(medians, "ours-prefix") if "ours-prefix" in medians else {},
+        }
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sessions.json").write_text(json.dumps(result, indent=1) + "\n")
+    try:
+        shapes_of.plot(medians, out / "sessions.png")
+    except ImportError:
+        print("no matplotlib: no plot")
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", required=True)
+    parser.add_argument("--overview", nargs="+", type=Path, help="runs to put side by side (RUN/<front>/sessions.json)")
+    parser.add_argument("--url")
     parser.add_argument("--model", default="llama7b")
     parser.add_argument("--rate", type=float, default=0.5, help="sessions starting per second")
     parser.add_argument("--seconds", type=float, default=60.0, help="sessions start during this long")
@@ -180,6 +231,11 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     provenance = envelope.start()
+    if args.overview:
+        print(json.dumps(overview(args.overview, Path(args.out), provenance)["ratios_against_ours_prefix"], indent=1))
+        return
+    if not args.url:
+        parser.error("--url is required (or --overview)")
     result = asyncio.run(run(args))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -623,6 +623,7 @@ def overview(folders: list[Path], out: Path, provenance: envelope.Envelope) -> d
             keep += ("interactive_itl_p99_ms", "interactive_ttft_p99_ms", "interactive_completed")
             keep += ("interactive_refused", "host_busy_cores_p50", "client_loop_lag_max_ms")
             row = {"sitting": folder.name, **{k: a.get(k) for k in keep}}
+            row["interactive_goodput_rps"] = _interactive_goodput(folder, a)
             engines = [e for e in a["engines"].values() if e["pool"] == "interactive"]
             row["interactive_engines_gaps_over_100ms_client"] = sum(e["client_gaps_over_100ms"] for e in engines)
             row["interactive_engines_gaps_over_100ms_engine"] = sum(e["engine_itl_over_100ms"] or 0 for e in engines)
@@ -632,13 +633,48 @@ def overview(folders: list[Path], out: Path, provenance: envelope.Envelope) -> d
                 r["gateway_saw_over_100ms_interactive_on_interactive"] or 0 for r in replicas
             )
             rows.append(row)
-    result = provenance.wrap({"runs": rows})
+    result = provenance.wrap({"runs": rows, "by_replicas": by_replicas(rows)})
     (out / "overview.json").write_text(json.dumps(result, indent=1) + "\n")
     try:
         plot_overview(rows, out / "overview.png")
     except ImportError:
         progress("no matplotlib: no overview plot")
     return result
+
+
+def _interactive_goodput(folder: Path, summary_run: dict[str, Any]) -> float | None:
+    """The run's interactive goodput (requests/s meeting both budgets), as ``runs.json`` has it."""
+    path = folder / "runs.json"
+    if not path.exists():
+        return None
+    for run in json.loads(path.read_text()):
+        if run["setup"] == summary_run["setup"] and run["repeat"] == summary_run["repeat"]:
+            value = run["interactive"].get("goodput_requests_per_s")
+            return float(value) if value is not None else None
+    return None
+
+
+def by_replicas(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per replica count: runs, the worst ITL p99, the median goodput; and the largest count's median
+    goodput over one replica's (the issue's "within 10 %")."""
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        if not r["pin_limit"]:
+            groups.setdefault(int(r["replicas"]), []).append(r)
+    table: dict[str, Any] = {}
+    for n, runs in sorted(groups.items()):
+        goodput = [r["interactive_goodput_rps"] for r in runs if r["interactive_goodput_rps"] is not None]
+        table[str(n)] = {
+            "runs": len(runs),
+            "itl_p99_ms_max": max(r["interactive_itl_p99_ms"] for r in runs),
+            "ttft_p99_ms_median": statistics.median(r["interactive_ttft_p99_ms"] for r in runs),
+            "goodput_rps_median": statistics.median(goodput) if goodput else None,
+        }
+    if len(table) > 1 and "1" in table and table["1"]["goodput_rps_median"]:
+        most = table[max(table, key=int)]
+        if most["goodput_rps_median"] is not None:
+            table["most_over_one_goodput"] = round(most["goodput_rps_median"] / table["1"]["goodput_rps_median"], 3)
+    return table
 
 
 def plot_overview(rows: list[dict[str, Any]], path: Path) -> None:
