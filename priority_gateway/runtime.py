@@ -93,6 +93,7 @@ def build_dispatcher(config: Config, fleet: FleetSettings | None = None) -> Disp
                 backfill=pool.backfill,
                 accept_overflow=pool.accept_overflow,
                 shares_hardware_with=pool.shares_hardware_with,
+                seats=pool.max_num_seqs,
                 policy_options=policy_options(config, pool),
                 models=(*pool.models, *([pool.model] if pool.model else [])),
                 loadable=tuple(pool.lora_adapters),

@@ -104,6 +104,12 @@ def profile_args(pool: str) -> list[str]:
     return list(yaml.safe_load((PROFILES / f"{pool}.yaml").read_text())["args"])
 
 
+def profile_gateway(pool: str) -> dict[str, Any]:
+    """What the gateway's pool must say about the profile's engines (its ``gateway:`` section, which
+    tests/deploy checks against the flags and the shipped gateway configuration)."""
+    return dict(yaml.safe_load((PROFILES / f"{pool}.yaml").read_text()).get("gateway") or {})
+
+
 def flag_values(args: tuple[str, ...] | list[str]) -> dict[str, str]:
     out = {}
     for arg in args:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import gzip
 import itertools
 import json
@@ -66,7 +67,9 @@ from priority_gateway.core.models import engine_tag
 SETUPS = ("one", "fleet")
 HELD_KEYS = ("max_held_after_warmup", "limit_max", "series")
 GAP_MS = 100.0  # the ITL budget: a gap over it is what the tail is made of
-RELAY_LAG_S = 0.5  # the longest a token may take from the engine's step to the client's read
+RELAY_LAG_S = 0.5
+"""The longest a token may take from the engine's step to the client's read on an idle host (the GPU
+machine's); ``--relay-lag-s`` states another host's (a loaded 2-core one, under coverage, takes longer)."""
 ENGINE_SERIES = (
     "vllm:inter_token_latency_seconds_bucket",
     "vllm:iteration_tokens_total_bucket",
@@ -197,6 +200,9 @@ async def drive(
         if running:
             await asyncio.gather(*running)
     finally:
+        # From here on the flood's clients read nothing more, while its requests go on emitting tokens
+        # until the gateway sees them leave: the engines' counts are compared up to this moment only.
+        reads_stopped = loadgen.now() - origin
         for task in side:
             task.cancel()
         await asyncio.gather(*side, return_exceptions=True)
@@ -207,6 +213,7 @@ async def drive(
         "interactive": stats.summarize(warm, *args.budget_ms),
         "batch_statuses": flood.statuses(),
         "elapsed_s": round(loadgen.now() - origin, 1),
+        "reads_stopped_s": round(reads_stopped, 4),
         "client_loop_lag_ms": lags,
         "timelines": [t.record(origin, engines) for t in [*timelines, *flood.timelines]],
     }
@@ -406,6 +413,8 @@ def one_run(setup: str, rep: int, engines: Any, args: argparse.Namespace, tmp: P
         "pools": engines.pool_of,
         "pin_limit": args.pin_limit,
         "pool_options": args.pool_option,
+        "budget_ms": list(args.budget_ms),
+        "relay_lag_s": args.relay_lag_s,
         "warmup_s": args.warmup_s,
         **result,
         "held": {
@@ -471,8 +480,13 @@ def analyse(run: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
     warm = run["warmup_s"]
     timelines, ticks = data["timelines"], data["ticks"]
     pools = run["pools"]
+    lag_s = float(run.get("relay_lag_s", RELAY_LAG_S))
     window = [t for t in ticks if t["t"] >= warm]
-    first, last = (window[0], window[-1]) if len(window) > 1 else (None, None)
+    # The last scrape that ended while every client still read (runs written before it was recorded:
+    # the last scrape of the run).
+    stopped = run.get("reads_stopped_s")
+    read = [t for t in window if stopped is None or max(_scraped_at(t, u)[1] for u in pools) <= stopped]
+    first, last = (read[0], read[-1]) if len(read) > 1 else (None, None)
     per_engine: dict[str, Any] = {}
     gaps_over: list[dict[str, Any]] = []
     for url, pool in sorted(pools.items()):
@@ -494,8 +508,8 @@ def analyse(run: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         per_engine[url] = {
             "pool": pool,
             "client_gaps": len(client),
-            "client_gaps_surely_in": sum(s1 + RELAY_LAG_S < t <= e0 for t, _, _ in ends),
-            "client_gaps_maybe_in": sum(s0 < t <= e1 + RELAY_LAG_S for t, _, _ in ends),
+            "client_gaps_surely_in": sum(s1 + lag_s < t <= e0 for t, _, _ in ends),
+            "client_gaps_maybe_in": sum(s0 < t <= e1 + lag_s for t, _, _ in ends),
             "client_gaps_over_100ms": sum(g > GAP_MS for _, g, _ in client),
             "client_gaps_over_100ms_interactive": sum(
                 g > GAP_MS and tl["class"] == "interactive" for _, g, tl in client
@@ -580,6 +594,7 @@ def analyse(run: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         "interactive_gaps_over_100ms": len(tail),
         "interactive_gaps_over_100ms_by_engine": by_engine,
         "interactive_gaps_by_replica": by_replica,
+        "interactive_first_tokens": late_first_tokens(run, timelines, ticks),
         "engines": per_engine,
         "client_loop_lag_over_50ms": sum(ms > 50 for _, ms in lag),
         "client_loop_lag_max_ms": max((ms for _, ms in lag), default=0.0),
@@ -590,6 +605,30 @@ def analyse(run: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         },
         "interactive_gaps_over_100ms_list": tail,
     }
+
+
+def late_first_tokens(
+    run: dict[str, Any], timelines: list[dict[str, Any]], ticks: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The measured interactive requests over the TTFT budget and within it, and of each how many met
+    their engine holding requests waiting (``vllm:num_requests_waiting`` above 0 at a scrape between the
+    request's send and its first token): a request the gateway started there waits for a seat."""
+    budget_s = float(run.get("budget_ms", (1000.0, 100.0))[0]) / 1000.0
+    warm = run["warmup_s"]
+    times = [k["t"] for k in ticks]
+    counts = {"over": 0, "over_at_waiting_engine": 0, "within": 0, "within_at_waiting_engine": 0}
+    for tl in timelines:
+        if tl["class"] != "interactive" or tl["sent"] < warm or not tl["chunks"]:
+            continue
+        first = tl["chunks"][0]
+        lo, hi = bisect.bisect_left(times, tl["sent"]), bisect.bisect_right(times, first)
+        waiting = any(
+            (ticks[i]["engines"].get(tl["engine"]) or {}).get("vllm:num_requests_waiting", 0) > 0 for i in range(lo, hi)
+        )
+        side = "over" if first - tl["sent"] > budget_s else "within"
+        counts[side] += 1
+        counts[f"{side}_at_waiting_engine"] += waiting
+    return {"ttft_budget_ms": budget_s * 1000.0, **counts}
 
 
 def interactive_load(run: dict[str, Any]) -> dict[str, Any]:
@@ -624,6 +663,7 @@ def overview(folders: list[Path], out: Path, provenance: envelope.Envelope) -> d
             keep += ("interactive_refused", "host_busy_cores_p50", "client_loop_lag_max_ms")
             row = {"sitting": folder.name, **{k: a.get(k) for k in keep}}
             row["interactive_goodput_rps"] = _interactive_goodput(folder, a)
+            row["interactive_first_tokens"] = a.get("interactive_first_tokens")  # runs analysed since it was
             engines = [e for e in a["engines"].values() if e["pool"] == "interactive"]
             row["interactive_engines_gaps_over_100ms_client"] = sum(e["client_gaps_over_100ms"] for e in engines)
             row["interactive_engines_gaps_over_100ms_engine"] = sum(e["engine_itl_over_100ms"] or 0 for e in engines)
@@ -838,6 +878,12 @@ def main() -> None:
         "--budget-ms", type=lambda v: tuple(float(x) for x in v.split(",")), default=(1000.0, 100.0), metavar="TTFT,ITL"
     )
     p.add_argument("--redis-server", default="redis-server")
+    p.add_argument(
+        "--relay-lag-s",
+        type=float,
+        default=RELAY_LAG_S,
+        help="the longest from an engine's step to the client's read of its token, on this host",
+    )
     p.add_argument("--sample-ms", type=float, default=10.0, help="the engines' concurrency, as fleet_admission samples")
     p.add_argument("--scrape-s", type=float, default=1.0, help="the engines' histograms and the host, this often")
     p.add_argument("--seed", type=int, default=0)

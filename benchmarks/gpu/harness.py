@@ -1124,8 +1124,18 @@ def engine_cap_layout() -> Layout:
     return (EngineSpec("interactive", (("--max-num-seqs", str(best_cap()), CAP_WHY),)),)
 
 
+def shipped_pool_options() -> list[str]:
+    """The gateway's pools as shipped: each says what its profile's ``gateway:`` section says of the engines
+    (their scheduling policy, their seats), as ``fleet_itl.py --pool-option`` settings."""
+    out = []
+    for pool in ("interactive", "batch"):
+        for key, value in engine_args.profile_gateway(pool).items():
+            out += ["--pool-option", f"{pool}.{key}={value}"]
+    return out
+
+
 def fleet_shipped_run(setup: Setup, folder: str, *more: str) -> None:
-    args, total = fleet_itl_args(setup, 1, *more)
+    args, total = fleet_itl_args(setup, 1, *shipped_pool_options(), *more)
     realtime_script(setup, folder, "gpu/fleet_itl.py", args, total + 240)
 
 

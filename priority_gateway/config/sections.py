@@ -188,6 +188,12 @@ class PoolConfig:
     given, the ``prefix`` policy predicts the stall each prompt's prefill makes on each engine and keeps
     an interactive request off engines where it would break the ITL budget of the requests decoding
     there (``prefix.policy.prefill_hold_s``); null: no prediction."""
+    max_num_seqs: Annotated[int, Ge(1)] | None = None
+    """The engines' ``--max-num-seqs`` (the requests each runs at once): given, no engine of the pool gets
+    more at once (its learned concurrency limit never grows past it), so the requests beyond wait in the
+    gateway's queue, which orders them, sheds them and refuses them by their TTFT budget, instead of in the
+    engine, where they wait unbounded for a running request to end; null: learned from the engines'
+    scrapes (requests held waiting beside the same number running)."""
     shares_hardware_with: str | None = None
     """Another pool whose engines run on the same GPUs as this one's (e.g. a batch pool beside the
     interactive pool on one device): this pool's engines then learn their concurrency limits from that

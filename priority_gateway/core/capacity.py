@@ -15,6 +15,9 @@ Rules:
 - The backfill reserve is headroom, not a limit: batch work may take an engine of another class's
   pool only while the engine's load (everyone's, as reported) stays a reserve (``backfill_reserve`` of
   the limit, at least one slot) under the limit, and only within the gate.
+- A pool that declares its engines' seats (vLLM's ``--max-num-seqs``) keeps every limit within them: a
+  request above them would wait inside the engine, for a running one to end, where nothing orders it,
+  sheds it or counts its wait against its TTFT budget.
 """
 
 from __future__ import annotations
@@ -54,6 +57,23 @@ class FleetGate(Protocol):
     def peer_evidence(self, engine: str) -> list[Evidence]: ...
 
 
+def pool_limit_settings(base: LimitSettings, seats: int | None, beside: bool) -> LimitSettings:
+    """An engine's limit settings, by its pool: ``beside``, its engines share another pool's devices, so it
+    starts at the unbudgeted limit and gives up what that pool's gaps ask for (it has no budget of its
+    own to probe from); ``seats``, declared, bound every limit."""
+    settings = replace(base, initial=base.unbudgeted) if beside else base
+    if seats is None:
+        return settings
+    cap = float(seats)
+    return replace(
+        settings,
+        maximum=min(settings.maximum, cap),
+        initial=min(settings.initial, cap),
+        minimum=min(settings.minimum, cap),
+        unbudgeted=min(settings.unbudgeted, cap),
+    )
+
+
 class Capacity:
     def __init__(
         self, fleet: FleetGate, settings: LimitSettings, enabled: bool = True, backfill_reserve: float = 0.25
@@ -69,17 +89,14 @@ class Capacity:
         engines: Mapping[str, EngineState],
         budget: Callable[[str], float | None],
         now: float,
-        beside: Callable[[str], bool] = lambda _: False,
+        settings: Callable[[str], LimitSettings] | None = None,
     ) -> None:
-        """Limits for the engines not yet known; ``beside(pool)``: the pool's engines share another pool's
-        devices, so they start at the unbudgeted limit and give up what that pool's gaps ask for (they
-        have no budget of their own to probe from)."""
+        """Limits for the engines not yet known, each with its pool's ``settings`` (default: the same for
+        every pool)."""
         for engine_id, engine in engines.items():
             if engine_id not in self.limits:
-                settings = self.settings
-                if beside(engine.pool):
-                    settings = replace(settings, initial=settings.unbudgeted)
-                self.limits[engine_id] = ConcurrencyLimit(budget(engine.pool), settings, now)
+                chosen = settings(engine.pool) if settings is not None else self.settings
+                self.limits[engine_id] = ConcurrencyLimit(budget(engine.pool), chosen, now)
         for gone in set(self.limits) - set(engines):
             del self.limits[gone]
 

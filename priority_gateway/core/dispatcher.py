@@ -51,7 +51,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from priority_gateway.core.capacity import Capacity
+from priority_gateway.core.capacity import Capacity, pool_limit_settings
 from priority_gateway.core.classes import DEFAULT_CLASSES, ClassTable
 from priority_gateway.core.decisions import (
     Answer,
@@ -170,15 +170,17 @@ class Dispatcher:
         for pool in self.pools.values():
             if pool.shares_hardware_with in self.pools:
                 self._neighbours.setdefault(pool.shares_hardware_with, []).append(pool)
-        self.capacity.reindex(self._engines, self._engine_budget, now, self._beside)
+        self.capacity.reindex(self._engines, self._engine_budget, now, self._limit_settings)
         for gone in set(self._running) - set(self._engines):
             del self._running[gone]
         for engine_id, engine in self._engines.items():
             engine.held_kv = self.sessions.held(engine_id)
 
-    def _beside(self, pool: str) -> bool:
-        shares = self.pools[pool].shares_hardware_with if pool in self.pools else None
-        return shares in self.pools
+    def _limit_settings(self, pool: str) -> LimitSettings:
+        spec = self.pools.get(pool)
+        if spec is None:
+            return self.admission.limits
+        return pool_limit_settings(self.admission.limits, spec.seats, spec.shares_hardware_with in self.pools)
 
     def _engine_budget(self, pool: str) -> float | None:
         """The tightest ITL budget among the classes whose home is this pool, or the pool it shares its

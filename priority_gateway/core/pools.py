@@ -36,6 +36,9 @@ class PoolSpec:
     """LoRA adapters any of its engines may be asked to load on demand."""
     shares_hardware_with: str | None = None
     """A pool whose engines run on the same devices: this pool's limits are learned from its gaps."""
+    seats: int | None = None
+    """The requests each of its engines runs at once (vLLM's ``--max-num-seqs``), where declared: no
+    engine's limit goes above it."""
 
 
 class Pool:
@@ -52,6 +55,7 @@ class Pool:
         self.backfill = spec.backfill
         self.accept_overflow = spec.accept_overflow
         self.shares_hardware_with = spec.shares_hardware_with
+        self.seats = spec.seats
         self.policy: Policy = make_policy(spec.policy, **spec.policy_options)
         self.engines: list[EngineState] = [EngineState(url, spec.name) for url in spec.engines]
         self.models = frozenset(spec.models) | frozenset(spec.loadable)

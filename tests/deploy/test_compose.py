@@ -191,6 +191,7 @@ def test_gateway_config_loads_and_names_the_engines(files: tuple[str, ...]) -> N
         assert host in names
         assert port == "8000"
         assert loaded.pools[pool].scheduling_policy == profile(pool)["gateway"]["scheduling_policy"]
+        assert loaded.pools[pool].max_num_seqs == profile(pool)["gateway"]["max_num_seqs"]
     assert gateway["ports"][0]["target"] == loaded.listen.port
 
 

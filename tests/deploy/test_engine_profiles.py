@@ -93,6 +93,7 @@ def test_pools_serve_one_model_under_one_name() -> None:
 def test_gateway_expectation_matches_the_engine(pool: str) -> None:
     data = profile(pool)
     assert data["gateway"]["scheduling_policy"] == flag_values(data["args"])["--scheduling-policy"]
+    assert str(data["gateway"]["max_num_seqs"]) == flag_values(data["args"])["--max-num-seqs"]
 
 
 @pytest.mark.parametrize("pool", POOLS)

@@ -255,6 +255,7 @@ def test_gateway_discovers_engines_through_the_headless_services(overlay: str, t
         name = service["metadata"]["name"]
         assert config.pools[pool].discovery == f"dns://{name}.{NAMESPACE}.svc.cluster.local:{port}"
         assert config.pools[pool].scheduling_policy == profile(pool)["gateway"]["scheduling_policy"]
+        assert config.pools[pool].max_num_seqs == profile(pool)["gateway"]["max_num_seqs"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
