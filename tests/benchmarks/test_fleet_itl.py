@@ -28,8 +28,10 @@ def test_a_small_run_places_every_request_and_the_engines_count_the_clients_gaps
     assert set(run["interactive_gaps_by_replica"]) == {"0", "1"}  # round robin: both replicas carried some
     engines = run["engines"]
     assert {e["pool"] for e in engines.values()} == {"interactive", "batch"}
-    for pool in ("interactive", "batch"):  # an engine may sit the window out on a busy host; a pool does not
-        assert sum(e["client_gaps"] for e in engines.values() if e["pool"] == pool) > 0, engines
+    # Every pool's engines emitted tokens around the scrapes. (A busy host may take the scraper's ticks so
+    # late that no read falls between two of them: the bounds below hold all the same.)
+    for pool in ("interactive", "batch"):
+        assert sum(e["client_gaps_maybe_in"] for e in engines.values() if e["pool"] == pool) > 0, engines
     for url, engine in engines.items():
         # Each engine's own count over the window is what the clients saw of it: no fewer than the
         # gaps read surely inside the window, no more than those that may have been.
