@@ -91,7 +91,11 @@ def test_streams_have_the_same_shape(urls: dict[str, str]) -> None:
     streams = {name: asyncio.run(chunks(url)) for name, url in urls.items()}
     for name in ("vllm", "sim"):
         stream = streams[name]
-        assert [len(c["choices"]) for c in stream] == [1] * 5 + [0], name
+        # A chunk per token, except that vLLM holds back a token that ends inside a UTF-8 character
+        # and sends it with the next (a random-weight model samples byte tokens): 5 tokens come in at
+        # most 5 content chunks, then the usage chunk.
+        assert 1 <= len(stream) - 1 <= 5 and all(len(c["choices"]) == 1 for c in stream[:-1]), name
+        assert stream[-1]["choices"] == [], name
         assert stream[-2]["choices"][0]["finish_reason"] == "length", name
         assert stream[-1]["usage"]["completion_tokens"] == 5, name
     first = common_openai_shape(shape(streams["vllm"][0]), shape(streams["sim"][0]))
