@@ -313,3 +313,15 @@ def test_a_pool_can_share_its_devices_only_with_another_pool_that_exists():
     for bad in ("nowhere", "batch"):
         with pytest.raises(ConfigError, match="shares_hardware_with"):
             parse_config({"pools": {**base, "batch": {**base["batch"], "shares_hardware_with": bad}}}).validated()
+
+
+@pytest.mark.parametrize(
+    ("seats", "message"),
+    [(0, "must be >= 1, got 0"), (-3, "must be >= 1, got -3"), ("four", "expected an integer >= 1, got 'four'")],
+)
+def test_engine_seats_are_a_positive_count_and_reach_the_pools_limits(seats, message):
+    pool = {"engines": ["http://127.0.0.1:8101"]}
+    with pytest.raises(ConfigError, match=rf"^pools\.interactive\.max_num_seqs: {message}$"):
+        parse_config({"pools": {"interactive": {**pool, "max_num_seqs": seats}}})
+    dispatcher = build_dispatcher(parse_config({"pools": {"interactive": {**pool, "max_num_seqs": 3}}}))
+    assert dispatcher.limits["http://127.0.0.1:8101"].settings.maximum == 3.0
