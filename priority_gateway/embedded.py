@@ -54,6 +54,13 @@ def pool_args(pool: str) -> list[str]:
     return [arg for arg in args if arg.split("=", 1)[0] not in _OWN]
 
 
+def pool_gateway(pool: str) -> dict[str, Any]:
+    """What the gateway's pool says of a pool profile's engines (its ``gateway:`` section: their
+    scheduling policy and seats)."""
+    profile = yaml.safe_load((PROFILES / f"{pool}.yaml").read_text())
+    return dict(profile.get("gateway") or {})
+
+
 def default_engines() -> list[EngineSpec]:
     """Two interactive and two batch engines, run as the pool profiles say."""
     return [EngineSpec(pool, pool_args(pool)) for pool in ("interactive", "interactive", "batch", "batch")]
@@ -169,9 +176,7 @@ class EmbeddedEngines:
         ``GATEWAY__*`` variables and options."""
         pools: dict[str, dict[str, Any]] = {}
         for pool, urls in self.urls.items():
-            pools[pool] = {"engines": urls}
-            if pool == "batch":
-                pools[pool]["scheduling_policy"] = "priority"
+            pools[pool] = {"engines": urls, **pool_gateway(pool)}
         return {"pools": pools}
 
 
