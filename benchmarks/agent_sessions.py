@@ -14,13 +14,18 @@ The workload (``priority_gateway.simulate.traces.agent_sessions``), every number
 
 Engines: ``--engines`` engines of the ``h200-7b-bf16`` profile (fitted to real vLLM 0.26 on an H200)
 with ``--num-blocks`` KV blocks each, so that the live sessions' contexts (running and paused) exceed
-the pool's KV cache: the run reports that demand against the capacity.
+the pool's KV cache: the run reports that demand against the capacity. Their seats and prefill step
+are the interactive profile's (``engines/profiles/interactive.yaml``: 4 and 384 tokens, as the GPU
+runs them), and the gateway's pool declares the seats, as the shipped configuration does.
 
 Setups (one Dispatcher each, the product's core; admission on with the interactive ITL budget and no
 TTFT refusals, so every turn runs and sessions complete):
 - ``prefix``: the prefix policy with its session pin, sessions off (what the gateway did before);
 - ``sessions_first``: sessions on (continuing turns first, ``first_burst``), holds not weighed;
-- ``sessions_retention``: sessions on and the prefix policy's ``retention_weight`` 1;
+- ``sessions_retention``: sessions on and the prefix policy's ``retention_weight`` 1, continuing turns
+  starting wherever there is room;
+- ``sessions_wait``: as ``sessions_retention``, a continuing turn waiting for its session's engine while
+  waiting costs less than moving (``sessions.wait_for_engine``, the default);
 - ``vllm_router_consistent_hash``: vllm-router's consistent_hash as its source has it
   (src/policies/consistent_hash.rs: a ring of 160 virtual nodes per worker, the session header's
   key to the first node at or after its hash, no load or cache signal; xxhash stands in for its
@@ -31,10 +36,12 @@ text radix tree per worker, session maps and tree eviction whose defaults this s
 reproduce faithfully; it belongs to a real-time run with the real binary (not done here).
 
 Per setup: re-prefilled tokens of continuing turns (the previous turn's context the engine had to
-compute again), turn TTFT p50/p99, session completion p50/p99 (first arrival to last turn's end),
-new-session (first turn) TTFT p99, output tokens/s. JSON (with commit, command, host load) and a plot.
+compute again; how many turns moved to another engine and what they re-prefilled), turn TTFT p50/p99,
+session completion p50/p99 (first arrival to last turn's end), new-session (first turn) TTFT p99,
+output tokens/s: each the median over one workload per seed (40 sessions is the GPU plan's size, too
+few for one workload to decide). JSON (with commit, command, host load, every seed's run) and a plot.
 
-    python benchmarks/agent_sessions.py [--sessions 300] [--rate 1] [--num-blocks 3000] [--itl-ms 250] [--out DIR]
+    python benchmarks/agent_sessions.py [--sessions 40] [--rate 1] [--num-blocks 2340] [--seeds 0,1,2,3,4] [--out DIR]
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import argparse
 import itertools
 import json
 import math
+import statistics
 import sys
 import time
 from bisect import bisect_left
@@ -60,6 +68,7 @@ from priority_gateway.core.engines import EngineState
 from priority_gateway.core.request import RouteRequest
 from priority_gateway.core.routing import Choice, _Stateless
 from priority_gateway.core.sessions import SessionSettings
+from priority_gateway.embedded import pool_args, pool_gateway
 from priority_gateway.engines.sim.profile import load_profile
 from priority_gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup, Record
 from priority_gateway.simulate.traces import SessionShapes, TraceRequest, agent_sessions
@@ -154,16 +163,25 @@ class ConsistentHash(_Stateless):
         return Choice(next(e for e in candidates if e.id == url), 0, "consistent_hash")
 
 
-SETUPS = ("prefix", "sessions_first", "sessions_retention", "vllm_router_consistent_hash")
+SETUPS = ("prefix", "sessions_first", "sessions_retention", "sessions_wait", "vllm_router_consistent_hash")
 
 
 def setup_for(name: str, args: argparse.Namespace) -> ClusterSetup:
-    profile = load_profile("h200-7b-bf16").with_overrides(num_blocks=args.num_blocks)
-    sessions = SessionSettings(enabled=name.startswith("sessions"), first_burst=args.first_burst)
+    # The interactive pool's engines as its profile runs them (seats, prefill step), the gateway's pool
+    # declaring those seats as the shipped configuration does.
+    shipped = dict(arg.removeprefix("--").split("=", 1) for arg in pool_args(INTERACTIVE) if "=" in arg)
+    profile = load_profile("h200-7b-bf16").with_overrides(
+        num_blocks=args.num_blocks,
+        max_num_seqs=int(shipped["max-num-seqs"]),
+        max_num_batched_tokens=int(shipped["max-num-batched-tokens"]),
+    )
+    sessions = SessionSettings(
+        enabled=name.startswith("sessions"), first_burst=args.first_burst, wait_for_engine=name == "sessions_wait"
+    )
     admission = AdmissionSettings(enabled=name != "vllm_router_consistent_hash", sessions=sessions)
-    retention = 1.0 if name == "sessions_retention" else 0.0
+    retention = 1.0 if name in ("sessions_retention", "sessions_wait") else 0.0
     return ClusterSetup(
-        [PoolSetup(INTERACTIVE, args.engines, profile)],
+        [PoolSetup(INTERACTIVE, args.engines, profile, seats=pool_gateway(INTERACTIVE).get("max_num_seqs"))],
         "prefix",
         admission,
         budgets={INTERACTIVE: Budget(None, args.itl_ms / 1000), BATCH: Budget(None, None, None)},
@@ -191,7 +209,7 @@ def measure(records: list[Record], duration: float, capacity: int) -> dict[str, 
     by_session: dict[str, list[Record]] = {}
     for rec in records:
         by_session.setdefault(rec.trace.session or rec.req.id, []).append(rec)
-    reprefilled = continuing = 0
+    reprefilled = continuing = moved = reprefilled_moved = 0
     context_seconds = 0.0
     completion: list[float] = []
     failed = 0
@@ -201,8 +219,12 @@ def measure(records: list[Record], duration: float, capacity: int) -> dict[str, 
             if after.first is None:
                 continue
             known = min(before.trace.input_len + before.output_tokens, after.trace.input_len - 1)
-            reprefilled += max(0, known - after.cached_tokens)
+            again = max(0, known - after.cached_tokens)
+            reprefilled += again
             continuing += 1
+            if before.dispatch and after.dispatch and before.dispatch.engine.id != after.dispatch.engine.id:
+                moved += 1
+                reprefilled_moved += again
         for rec, following in zip(turns, [*turns[1:], None], strict=True):
             end = following.req.arrival if following is not None else (rec.done or rec.req.arrival)
             context_seconds += (rec.trace.input_len + rec.output_tokens) * max(0.0, end - rec.req.arrival)
@@ -221,6 +243,8 @@ def measure(records: list[Record], duration: float, capacity: int) -> dict[str, 
         "continuing_turns": continuing,
         "reprefilled_tokens": reprefilled,
         "reprefilled_per_continuing_turn": round(reprefilled / continuing, 1) if continuing else None,
+        "continuing_turns_moved": moved,
+        "reprefilled_tokens_of_moved_turns": reprefilled_moved,
         "turn_ttft_p50_s": _p(ttft, 50),
         "turn_ttft_p99_s": _p(ttft, 99),
         "session_completion_p50_s": _p(completion, 50),
@@ -230,6 +254,15 @@ def measure(records: list[Record], duration: float, capacity: int) -> dict[str, 
         "duration_s": round(duration, 1),
         "kv_demand_over_capacity": round(context_seconds / duration / capacity, 2) if duration else None,
     }
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over the runs (of one setup, one workload per seed)."""
+    out: dict[str, Any] = {"runs": len(runs)}
+    for key in runs[0]:
+        values = [r[key] for r in runs if isinstance(r.get(key), int | float)]
+        out[key] = statistics.median(values) if values else None
+    return out
 
 
 def _p(values: Sequence[float], q: float) -> float | None:
@@ -272,7 +305,7 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4))
     for ax, (key, title) in zip(axes, panels, strict=True):
-        colors = ["#999", "#6a9", "#2a6", "#c84", "#a63"][: len(names)]
+        colors = ["#999", "#6a9", "#2a6", "#184", "#c84", "#a63"][: len(names)]
         ax.bar(range(len(names)), [results[n][key] or 0 for n in names], color=colors)
         ax.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names], fontsize=7)
         ax.set_title(title, fontsize=9)
@@ -282,16 +315,20 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sessions", type=int, default=300)
+    parser.add_argument("--sessions", type=int, default=40, help="sessions per workload (the GPU plan's 40)")
     parser.add_argument("--rate", type=float, default=1.0, help="sessions starting per second")
     parser.add_argument("--engines", type=int, default=4)
-    parser.add_argument("--num-blocks", type=int, default=3000, help="KV blocks per engine (16 tokens each)")
+    parser.add_argument(
+        "--num-blocks", type=int, default=2340, help="KV blocks per engine (16 tokens each; the GPU plan's 37,440 tokens)"
+    )
     parser.add_argument("--system", type=int, default=2048, help="system prompt tokens")
     parser.add_argument("--first-burst", type=int, default=4)
     parser.add_argument(
         "--itl-ms", type=float, default=250.0, help="ITL budget (50 ms cannot hold with 8k-token prefill chunks)"
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seeds", default="0,1,2,3,4", help="one workload per seed; each setup's figures are their medians"
+    )
     parser.add_argument("--setups", default=",".join(SETUPS))
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/agent_sessions"))
     args = parser.parse_args()
@@ -299,12 +336,16 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shapes, stats = mooncake_shapes(MOONCAKE, args.system)
-    trace = agent_sessions(args.sessions, args.rate, shapes, args.seed)
-    results: dict[str, dict[str, Any]] = {}
-    for name in args.setups.split(","):
-        print(f"agent_sessions: {name} ...", file=sys.stderr, flush=True)
-        results[name] = run_setup(name, trace, args)
-        print(f"  {json.dumps(results[name])}", file=sys.stderr, flush=True)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    by_seed: dict[str, dict[str, dict[str, Any]]] = {}
+    for seed in seeds:
+        trace = agent_sessions(args.sessions, args.rate, shapes, seed)
+        for name in args.setups.split(","):
+            print(f"agent_sessions: seed {seed}, {name} ...", file=sys.stderr, flush=True)
+            args.seed = seed
+            by_seed.setdefault(name, {})[str(seed)] = run = run_setup(name, trace, args)
+            print(f"  {json.dumps(run)}", file=sys.stderr, flush=True)
+    results = {name: medians(list(runs.values())) for name, runs in by_seed.items()}
     report = {
         "workload": {
             "sessions": args.sessions,
@@ -313,11 +354,13 @@ def main() -> None:
             "pause_s": list(shapes.pause_s),
             "engines": args.engines,
             "num_blocks": args.num_blocks,
+            "seeds": seeds,
             "profile": "h200-7b-bf16",
             "shapes_from": stats,
         },
         "results": results,
         "ratios_against_prefix": ratios(results) if "prefix" in results else {},
+        "by_seed": by_seed,
     }
     (out / "results.json").write_text(json.dumps(provenance.wrap(report), indent=2))
     plot(results, out / "agent_sessions.png")

@@ -832,8 +832,15 @@ SESSIONS_KV_BYTES = 2 * 1024**3
 layers), so four engines hold ~150k tokens while the live agent sessions' contexts ask for more."""
 SESSION_FRONTS = {
     "ours-prefix": {"sessions": {"enabled": False}},
-    "ours-sessions": {"sessions": {"enabled": True}, "prefix": {"policy": {"retention_weight": 0.0}}},
-    "ours-retention": {"sessions": {"enabled": True}, "prefix": {"policy": {"retention_weight": 1.0}}},
+    "ours-sessions": {
+        "sessions": {"enabled": True, "wait_for_engine": False},
+        "prefix": {"policy": {"retention_weight": 0.0}},
+    },
+    "ours-retention": {
+        "sessions": {"enabled": True, "wait_for_engine": False},
+        "prefix": {"policy": {"retention_weight": 1.0}},
+    },
+    "ours-wait": {"sessions": {"enabled": True}, "prefix": {"policy": {"retention_weight": 1.0}}},
     "vllmr-ca": None,
     "vllmr-ch": None,
 }
@@ -841,8 +848,10 @@ SESSION_FRONTS = {
 
 def sessions_steps(setup: Setup) -> list[tuple[str, float, Callable[[], None]]]:
     """Agent sessions closed loop (``benchmarks/agent_sessions_client.py``) through each front in turn:
-    the gateway with sessions off, on, on with retention (admission on, interactive ITL budget 250 ms,
-    no TTFT refusals), vllm-router cache_aware and consistent_hash on ``X-Session-ID``; ~120 s each."""
+    the gateway with sessions off, on, on with retention, on with retention and continuing turns waiting
+    for their sessions' engines (the default; admission on, the shipped seats, interactive ITL budget
+    250 ms, no TTFT refusals), vllm-router cache_aware and consistent_hash on ``X-Session-ID``; ~120 s
+    each."""
     seconds, limit = setup.seconds(40), setup.seconds(100)
     steps = []
     for front in SESSION_FRONTS:
@@ -858,7 +867,10 @@ def agent_sessions_run(setup: Setup, front: str, seconds: float, limit: float) -
     extra = SESSION_FRONTS[front]
     if extra is not None:
         config = {
-            "pools": {"interactive": {"engines": setup.urls, "policy": "prefix"}},
+            # The pool says what the shipped configuration says of these engines (their seats).
+            "pools": {
+                "interactive": {"engines": setup.urls, "policy": "prefix", **engine_args.profile_gateway("interactive")}
+            },
             "classes": {"interactive": {"ttft_p99_ms": None, "itl_p99_ms": 250}},
             **extra,
         }

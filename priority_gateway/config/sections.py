@@ -398,6 +398,11 @@ class SessionsConfig:
     first_burst: Annotated[int, Ge(0)] = _SESSIONS.first_burst
     """Continuing turns that may start in a row while another request of the same tenant and class
     waits; then the oldest of those starts (0: continuing turns get no precedence)."""
+    wait_for_engine: bool = _SESSIONS.wait_for_engine
+    """A continuing turn whose session's engine is full, while another has room, waits for a seat on
+    its own engine as long as it has waited less than its first token would take on the other
+    (computing its whole context there), and less than half its time left to start; then it moves.
+    Off: it starts wherever there is room at once."""
 
     def validated(self) -> SessionsConfig:
         if self.min_hold_s > self.max_hold_s:
@@ -414,6 +419,7 @@ class SessionsConfig:
             self.gap_factor,
             self.gap_weight,
             self.first_burst,
+            self.wait_for_engine,
         )
 
 

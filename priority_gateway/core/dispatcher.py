@@ -35,7 +35,9 @@ Rules:
   the continuing lane, ``queue``); its end (``finish``, whatever the answer) pauses the session on
   its engine holding its context, and a refusal or a client leaving the queue ends the turn with no
   hold. What the book holds per engine is each ``EngineState.held_kv``, which routing weighs and
-  the fleet tells the other replicas; holds expire on ``poll``.
+  the fleet tells the other replicas; holds expire on ``poll``. A continuing turn whose session's
+  engine is full waits for it while waiting costs less than moving (``_waits_for_session``), and
+  holds back nobody behind it meanwhile.
 - What this replica shares with others, and hears from them, is the fleet's (``fleet``): the
   dispatcher reads it only through ``Capacity``, ``TenantFairness`` and ``TenantRoom``, and tells it which engines'
   load changed.
@@ -301,7 +303,10 @@ class Dispatcher:
     def _place(self, req: RouteRequest, pool: Pool, now: float, exclude: Sequence[str] = ()) -> Dispatch | None:
         """Start ``req`` on an engine with room, or return None."""
         model = req.model
-        choice = self._choose(req, pool, self.room.engines(req.tenant, pool, now, exclude, model), now)
+        candidates = self.room.engines(req.tenant, pool, now, exclude, model)
+        if self._waits_for_session(req, pool, candidates, now, exclude):
+            return None
+        choice = self._choose(req, pool, candidates, now)
         if choice is not None:
             return self._start(req, pool, choice, now, exclude)
         if self.classes.is_batch(req.cls):
@@ -323,6 +328,28 @@ class Dispatcher:
             if choice is not None:
                 return self._start(req, pool, choice, now, exclude, reason="preempted_backfill")
         return None
+
+    def _waits_for_session(
+        self, req: RouteRequest, pool: Pool, candidates: list[EngineState], now: float, exclude: Sequence[str] = ()
+    ) -> bool:
+        """A continuing turn whose session's engine is healthy but full while others have room waits for
+        it (its context is cached there) as long as it has waited less than its first token would take
+        where it could start now, computing its whole context (ski rental: its first token comes at
+        most twice as late as the better of the two choices made knowing the future, and a seat freed
+        in time costs no re-prefill and evicts nobody), and less than half its time left to start."""
+        if not req.continuing or req.session is None or not candidates or not self.sessions.settings.wait_for_engine:
+            return False
+        session = self.sessions.get(req.session)
+        home = None if session is None else session.engine
+        if home is None or home in exclude or any(e.id == home for e in candidates):
+            return False
+        if not any(e.id == home for e in pool.healthy(exclude, req.model)):
+            return False
+        elsewhere = pool.ttft_model.predict(min(e.queued_prefill for e in candidates) + req.prompt_tokens)
+        if elsewhere is None:
+            return False  # no first token seen yet: nothing to weigh waiting against
+        waited = now - req.arrival
+        return waited < elsewhere and waited < (self._start_deadline(req, pool) - req.arrival) / 2
 
     def _choose(self, req: RouteRequest, pool: Pool, candidates: list[EngineState], now: float) -> Choice | None:
         """The pool's policy's choice among ``candidates``, passing over an engine where a request with a TTFT
@@ -556,6 +583,7 @@ class Dispatcher:
         queue = pool.queue
         rank = self.classes.rank
         blocked: set[tuple[str, str, str]] = set()  # (class, model, tenant) found no room in this drain
+        waiting: set[str] = set()  # continuing turns waiting for their sessions' engines
         models: dict[str, int] = {}  # each such model's best class rank
 
         def passed_over(entry: Entry) -> bool:
@@ -563,10 +591,16 @@ class Dispatcher:
             class must not take the slot the higher one waits for)."""
             req = entry.request
             above = models.get(req.model)
-            return (req.cls, req.model, req.tenant) in blocked or (above is not None and above < rank[req.cls])
+            return (
+                (req.cls, req.model, req.tenant) in blocked
+                or (above is not None and above < rank[req.cls])
+                or req.id in waiting
+            )
 
         # What may start is weighed only when something waits: most finishes leave an empty queue.
-        while len(queue) and (entry := queue.peek(self.room.may_start(pool, now), passed_over if blocked else None)):
+        while len(queue) and (
+            entry := queue.peek(self.room.may_start(pool, now), passed_over if blocked or waiting else None)
+        ):
             if entry.deadline < now:
                 # Its deadline passed since the last poll: refused, never started late.
                 self._expire(now)
@@ -575,6 +609,13 @@ class Dispatcher:
             # the same request, since both land in the notices in order.
             req = entry.request
             placed = self._place(req, pool, now)
+            if placed is None and self._waits_for_session(
+                req, pool, self.room.engines(req.tenant, pool, now, (), req.model), now
+            ):
+                waiting.add(req.id)  # waits for its session's engine: those behind it in its line go on
+                if len(blocked) + len(waiting) >= MAX_PASSED_OVER:
+                    break
+                continue
             if placed is None:
                 blocked.add((req.cls, req.model, req.tenant))
                 models[req.model] = min(models.get(req.model, rank[req.cls]), rank[req.cls])

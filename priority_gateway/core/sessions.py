@@ -58,6 +58,9 @@ class SessionSettings:
     first_burst: int = 4
     """Continuing turns that may start in a row, within a tenant's line of a class, while a new
     session's turn waits there; then the oldest new one starts (``fair_queue``: the bound)."""
+    wait_for_engine: bool = True
+    """A continuing turn whose session's engine is full waits for a seat there while it has waited
+    less than its first token would take elsewhere (``Dispatcher``): moving computes its context again."""
 
 
 @dataclass(slots=True)

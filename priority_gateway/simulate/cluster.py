@@ -119,6 +119,8 @@ class PoolSetup:
     lora_adapters: tuple[str, ...] = ()
     """Adapters every engine of the pool serves (LoRA on when any)."""
     max_loras: int = 1
+    seats: int | None = None
+    """The engines' ``--max-num-seqs`` as the gateway's pool declares it (``PoolSpec.seats``)."""
 
 
 @dataclass(slots=True)
@@ -257,6 +259,7 @@ class Cluster:
             accept_overflow=pool.accept_overflow,
             policy_options=dict(setup.policy_options) if setup.policy == "prefix" else {},
             shares_hardware_with=pool.shares_hardware_with,
+            seats=pool.seats,
         )
 
     def _engine_core(self, pool: PoolSetup, i: int, devices: list[SharedDevice]) -> EngineCore:

@@ -206,3 +206,58 @@ def test_the_engines_kv_capacity_bounds_the_holds_routing_weighs():
     engine = d.engine(dispatch.engine.id)
     assert engine.held_kv == 5100  # what the session holds, as the book says
     assert retained(engine) == 800  # what the engine can keep of it: half of its 1,600 tokens are in use
+
+
+def paused_on_a_full_engine(**session_options: object) -> tuple[Dispatcher, str, Dispatch]:
+    """Two engines of one seat each; an agent's turn ran on one (its first token took 0.5 s) and
+    paused; unrelated work now fills that engine, the other one is free. Returns the dispatcher, the
+    agent's engine and the request running there."""
+    d = dispatcher(engines=2, limit=1.0, policy="prefix", **session_options)
+    first = d.submit(turn("agent", 0.0, prompt=4000, prefix=[5, 6]), 0.0).answer
+    assert isinstance(first, Dispatch)
+    d.observe_ttft(first, 0.5)
+    d.finish(first, 1.0, generated=10)
+    busy = [d.submit(turn(None, 1.1), 1.1).answer for _ in range(2)]
+    assert all(isinstance(b, Dispatch) for b in busy)
+    home = first.engine.id
+    on_home = next(b for b in busy if isinstance(b, Dispatch) and b.engine.id == home)
+    other = next(b for b in busy if isinstance(b, Dispatch) and b.engine.id != home)
+    d.finish(other, 1.5, generated=10)
+    return d, home, on_home
+
+
+def test_a_continuing_turn_waits_for_its_sessions_engine_without_holding_back_those_behind_it():
+    d, home, on_home = paused_on_a_full_engine()
+    nxt = turn("agent", 2.0, prompt=4200, prefix=[5, 6, 7])
+    assert isinstance(d.submit(nxt, 2.0).answer, Queued) and nxt.continuing
+    # A new session's turn behind it in the same line starts on the free engine at once.
+    cold = d.submit(turn("new", 2.01), 2.01).answer
+    assert isinstance(cold, Dispatch) and cold.engine.id != home
+    d.finish(cold, 2.1, generated=10)
+    assert not [o for o in d.poll(2.2).others if isinstance(o, Dispatch)]  # still waiting: 0.2 s < 0.5 s
+    # Its engine's seat frees within the time it would take to compute its context elsewhere.
+    started = [o for o in d.finish(on_home, 2.3, generated=10).others if isinstance(o, Dispatch)]
+    assert [(s.request.id, s.engine.id) for s in started] == [(nxt.id, home)]
+
+
+def test_a_continuing_turn_moves_once_it_has_waited_what_its_first_token_takes_elsewhere():
+    d, home, _ = paused_on_a_full_engine()
+    nxt = turn("agent", 2.0, prompt=4200, prefix=[5, 6, 7])
+    assert isinstance(d.submit(nxt, 2.0).answer, Queued)
+    assert not [o for o in d.poll(2.45).others if isinstance(o, Dispatch)]
+    moved = [o for o in d.poll(2.55).others if isinstance(o, Dispatch)]
+    assert [(m.request.id, m.engine.id != home) for m in moved] == [(nxt.id, True)]
+
+
+def test_a_continuing_turn_starts_elsewhere_at_once_when_waiting_is_off_or_unweighable():
+    d, home, _ = paused_on_a_full_engine(wait_for_engine=False)
+    started = d.submit(turn("agent", 2.0, prompt=4200, prefix=[5, 6, 7]), 2.0).answer
+    assert isinstance(started, Dispatch) and started.engine.id != home
+    # No first token seen yet in the pool: nothing to weigh waiting against, so it does not wait.
+    d = dispatcher(engines=2, limit=1.0, policy="prefix")
+    first = d.submit(turn("agent", 0.0), 0.0).answer
+    assert isinstance(first, Dispatch)
+    d.finish(first, 1.0, generated=10)
+    busy = [d.submit(turn(None, 1.1), 1.1).answer for _ in range(2)]
+    d.finish(next(b for b in busy if isinstance(b, Dispatch) and b.engine.id != first.engine.id), 1.5)
+    assert isinstance(d.submit(turn("agent", 2.0), 2.0).answer, Dispatch)
