@@ -319,10 +319,10 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1.0, help="sessions starting per second")
     parser.add_argument("--engines", type=int, default=4)
     parser.add_argument(
-        "--num-blocks", type=int, default=2340, help="KV blocks per engine (16 tokens each; the GPU plan's 37,440 tokens)"
+        "--num-blocks", type=int, default=2340, help="KV blocks per engine (16 tokens; the GPU plan's 37,440 tokens)"
     )
     parser.add_argument("--system", type=int, default=2048, help="system prompt tokens")
-    parser.add_argument("--first-burst", type=int, default=4)
+    parser.add_argument("--first-burst", type=int, default=SessionSettings().first_burst)
     parser.add_argument(
         "--itl-ms", type=float, default=250.0, help="ITL budget (50 ms cannot hold with 8k-token prefill chunks)"
     )

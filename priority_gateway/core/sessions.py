@@ -55,9 +55,12 @@ class SessionSettings:
     the mean gap would end before half of the next turns."""
     gap_weight: float = 0.3
     """Weight of the newest pause in the learned gap (EWMA)."""
-    first_burst: int = 4
+    first_burst: int = 1
     """Continuing turns that may start in a row, within a tenant's line of a class, while a new
-    session's turn waits there; then the oldest new one starts (``fair_queue``: the bound)."""
+    session's turn waits there; then the oldest new one starts (``fair_queue``: the bound). One: with
+    the engines' seats declared the queue is real, and longer runs of continuing turns re-prefilled no
+    less while new sessions' TTFT p99 grew 1.7x in the simulator (benchmarks/agent_sessions.py) and
+    1.5-1.9x on the H200 (benchmarks/results/gpu/sessions/seats/)."""
     wait_for_engine: bool = True
     """A continuing turn whose session's engine is full waits for a seat there while it has waited
     less than its first token would take elsewhere (``Dispatcher``): moving computes its context again."""
