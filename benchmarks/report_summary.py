@@ -216,6 +216,43 @@ def soak(read: Read) -> list[str]:
     ]
 
 
+def gpu_fleet(read: Read) -> list[str]:
+    result = read("gpu/fleet/seats/overview.json")
+    one, four = result["by_replicas"]["1"], result["by_replicas"]["4"]
+    runs = result["runs"]
+    late = sum(r["interactive_first_tokens"]["over"] for r in runs)
+    admitted = sum(r["interactive_first_tokens"]["over"] + r["interactive_first_tokens"]["within"] for r in runs)
+    return [
+        "On one H200, do the budgets hold with interactive and batch pools sharing it, through one replica "
+        "and four? The fleet-itl scene, engines and seats as shipped (live; TTFT p99 1 s, ITL p99 100 ms)",
+        f"TTFT p99 {sec(one['ttft_p99_ms_median'])} (one replica) and {sec(four['ttft_p99_ms_median'])} (four), "
+        f"worst ITL p99 {ms(max(one['itl_p99_ms_max'], four['itl_p99_ms_max']))}; {late} of {admitted} admitted "
+        f"first tokens late (medians of {one['runs']} runs each)",
+        f"four replicas: {times(result['by_replicas']['most_over_one_goodput'])} one's goodput",
+        "`harness.py launch --plan fleet-itl-shipped` on the GPU, `fleet_itl.py --overview` here "
+        "(benchmarks/gpu/README.md)",
+        measured_at(read("gpu/fleet/seats/one-0/summary.json")),
+    ]
+
+
+def gpu_sessions(read: Read) -> list[str]:
+    result = read("gpu/sessions/seats/sessions.json")
+    medians, ratios = result["medians"], result["ratios_against_ours_prefix"]
+    plain, ours = medians["ours-prefix"], medians["ours-wait"]
+    return [
+        "Do agent sessions keep their KV cache across tool pauses? Four 4-seat engines on one H200 with small "
+        "KV caches, 40 sessions in closed loop (live)",
+        "sessions, retention and waiting for a session's engine: "
+        f"{times(ratios['ours-wait']['reprefill_fewer_x'])} fewer re-prefilled tokens "
+        f"than plain prefix routing, new-session TTFT p99 {plain['new_session_ttft_p99_s']:.1f} s -> "
+        f"{ours['new_session_ttft_p99_s']:.1f} s",
+        f"vllm-router cache_aware: {times(ratios['vllmr-ca']['reprefill_fewer_x'])} fewer, at "
+        f"{times(ratios['vllmr-ca']['new_session_ttft_p99_change'])} the new-session TTFT p99",
+        "`harness.py launch --plan sessions` on the GPU, `agent_sessions_client.py --overview` here",
+        measured_at(read("gpu/sessions/seats/raw/run-1/ours-wait/sessions.json")),
+    ]
+
+
 ARRIVALS = {"poisson": "Poisson", "bursty": "bursty (the Azure trace's)"}
 
 
@@ -257,6 +294,8 @@ ROWS: tuple[Callable[[Read], list[str]], ...] = (
     soak,
     budgets("at-00ecf51/machine-b", "poisson", "sitting-3b", "budgets-again"),
     budgets("at-00ecf51/machine-b", "bursty", "sitting-3b", "budgets-again"),
+    gpu_fleet,
+    gpu_sessions,
 )
 
 
