@@ -8,6 +8,8 @@ failed connections, cancellations, health changes, discovery and polls:
   once and never while running, preempted only while running; nothing decided is lost;
 - every engine's in-flight count is the number of dispatches running on it, per class too;
 - the queues hold exactly the requests the caller was told are queued.
+Requests may be turns of two agent sessions, so continuing turns queue first and wait for their
+sessions' engines while engines come, go and fail.
 """
 
 from __future__ import annotations
@@ -112,12 +114,22 @@ class Caller(RuleBasedStateMachine):
         restartable=st.booleans(),
         prompt=st.integers(1, 4000),
         ttft_ms=st.one_of(st.none(), st.integers(50, 3000)),
+        session=st.sampled_from([None, "s1", "s2"]),
     )
-    def submit(self, cls: str, restartable: bool, prompt: int, ttft_ms: int | None) -> None:
+    def submit(self, cls: str, restartable: bool, prompt: int, ttft_ms: int | None, session: str | None) -> None:
         self.count += 1
         budget = Budget(ttft_s=ttft_ms / 1000, itl_s=0.05) if cls == INTERACTIVE and ttft_ms else Budget()
-        req = RouteRequest(f"r{self.count}", cls, "m", self.now, prompt, budget=budget, restartable=restartable)
+        req = RouteRequest(
+            f"r{self.count}", cls, "m", self.now, prompt, budget=budget, restartable=restartable, session=session
+        )
         self.apply(self.core.submit(req, self.now), req)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), seconds=st.floats(0.01, 2.0))
+    def first_token(self, data: st.DataObject, seconds: float) -> None:
+        # What the pool's first tokens teach it: how long a turn would take elsewhere (a session's turn
+        # waits for its own engine against that).
+        self.core.observe_ttft(self.running[data.draw(st.sampled_from(sorted(self.running)))], seconds)
 
     @precondition(lambda self: self.running)
     @rule(data=st.data(), ok=st.booleans())
