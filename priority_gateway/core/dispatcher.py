@@ -30,14 +30,8 @@ Rules:
 - A started request's charge (predicted prompt + decode tokens) is settled when it ends with the real
   count the caller reports, generated tokens at most ``max_tokens``; a preempted or retried attempt's
   charge is refunded, since it is charged again when it starts again.
-- Agent sessions (``sessions``): a request naming a session is a turn of it. Its arrival (the first
-  ``submit``, not a retry) tells the book whether it continues a paused session (then it queues in
-  the continuing lane, ``queue``); its end (``finish``, whatever the answer) pauses the session on
-  its engine holding its context, and a refusal or a client leaving the queue ends the turn with no
-  hold. What the book holds per engine is each ``EngineState.held_kv``, which routing weighs and
-  the fleet tells the other replicas; holds expire on ``poll``. A continuing turn whose session's
-  engine is full waits for it while waiting costs less than moving (``_waits_for_session``), and
-  holds back nobody behind it meanwhile.
+- Agent sessions (``turns``): a request naming a session is a turn of it; a continuing one queues in
+  the continuing lane and may wait for its session's engine, holding back nobody behind it meanwhile.
 - What this replica shares with others, and hears from them, is the fleet's (``fleet``): the
   dispatcher reads it only through ``Capacity``, ``TenantFairness`` and ``TenantRoom``, and tells it which engines'
   load changed.
@@ -52,6 +46,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 from priority_gateway.core.capacity import Capacity, pool_limit_settings
 from priority_gateway.core.classes import DEFAULT_CLASSES, ClassTable
@@ -78,9 +73,10 @@ from priority_gateway.core.readings import Readings
 from priority_gateway.core.reasons import Refusal
 from priority_gateway.core.request import RouteRequest
 from priority_gateway.core.routing import Choice
-from priority_gateway.core.sessions import SessionBook, SessionSettings
+from priority_gateway.core.sessions import SessionSettings
 from priority_gateway.core.slots import FullEngine, Running
 from priority_gateway.core.tenant_room import TenantRoom
+from priority_gateway.core.turns import SessionTurns
 
 __all__ = [
     "AdmissionSettings",
@@ -96,6 +92,14 @@ __all__ = [
     "Queued",
     "Rejection",
 ]
+
+
+class _WaitsForSession(Enum):
+    WAITS = "waits for its session's engine"
+
+
+WAITS_FOR_SESSION = _WaitsForSession.WAITS
+"""What ``_place`` says of a continuing turn that waits for its session's engine (``turns.waits``)."""
 
 MAX_PASSED_OVER = 32
 """Queued entries a drain tries and cannot start before it stops looking further (per pool)."""
@@ -136,7 +140,6 @@ class Dispatcher:
         self.pools: dict[str, Pool] = {
             spec.name: Pool(spec, classes, admission.fair, admission.decode_tokens, burst) for spec in pools
         }
-        self.sessions = SessionBook(admission.sessions)
         first = pools[0].name
         self.home: dict[str, str] = {
             cls: (home or {}).get(cls) or (cls if cls in self.pools else first) for cls in classes.names
@@ -144,6 +147,7 @@ class Dispatcher:
         self.itl_budgets: dict[str, float | None] = dict(budgets or {})
         self._engines: dict[str, EngineState] = {}
         self.fleet = Fleet(self, fleet)
+        self.turns = SessionTurns(admission.sessions, self.fleet)
         self.capacity = Capacity(self.fleet, admission.limits, admission.enabled, admission.backfill_reserve)
         self.tenants = TenantFairness(self.fleet, admission.fair)
         self.room = TenantRoom(self.tenants, self.capacity)
@@ -175,8 +179,7 @@ class Dispatcher:
         self.capacity.reindex(self._engines, self._engine_budget, now, self._limit_settings)
         for gone in set(self._running) - set(self._engines):
             del self._running[gone]
-        for engine_id, engine in self._engines.items():
-            engine.held_kv = self.sessions.held(engine_id)
+        self.turns.reindex(self._engines)
 
     def _limit_settings(self, pool: str) -> LimitSettings:
         spec = self.pools.get(pool)
@@ -243,12 +246,11 @@ class Dispatcher:
         return next((p for p in self.pools.values() if p.serves(model)), home)
 
     def submit(self, req: RouteRequest, now: float, exclude: Sequence[str] = ()) -> Decisions:
-        if req.session is not None and not exclude and (began := self.sessions.begin(req.id, req.session, now)):
-            req.continuing, changed = began
-            self._held_changed(changed)
+        if not exclude:
+            self.turns.arrived(req, now)
         answer = self._submit(req, now, exclude)
         if isinstance(answer, Rejection):
-            self.sessions.abandon(req.id)
+            self.turns.abandoned(req.id)
         return Decisions(answer, self._take_notices(now))
 
     def _submit(self, req: RouteRequest, now: float, exclude: Sequence[str] = ()) -> Answer:
@@ -268,7 +270,7 @@ class Dispatcher:
             not len(queue) or queue.position(req, math.inf, self.room.ahead_of(req.tenant, pool, now)) == 0
         ):
             placed = self._place(req, pool, now, exclude)
-            if placed is not None:
+            if isinstance(placed, Dispatch):
                 placed.charge = pool.queue.charge(req)
                 return placed
         answer = self._enqueue(req, pool, now)
@@ -300,12 +302,14 @@ class Dispatcher:
             req, Refusal.NO_HEALTHY_ENGINE, f"no healthy engine in pool {pool.name!r}{serving}{after}", 1.0
         )
 
-    def _place(self, req: RouteRequest, pool: Pool, now: float, exclude: Sequence[str] = ()) -> Dispatch | None:
-        """Start ``req`` on an engine with room, or return None."""
+    def _place(
+        self, req: RouteRequest, pool: Pool, now: float, exclude: Sequence[str] = ()
+    ) -> Dispatch | _WaitsForSession | None:
+        """Start ``req`` on an engine with room; else whether it waits for its session's engine."""
         model = req.model
         candidates = self.room.engines(req.tenant, pool, now, exclude, model)
-        if self._waits_for_session(req, pool, candidates, now, exclude):
-            return None
+        if req.continuing and self.turns.waits(req, pool, candidates, now, self._start_deadline(req, pool), exclude):
+            return WAITS_FOR_SESSION
         choice = self._choose(req, pool, candidates, now)
         if choice is not None:
             return self._start(req, pool, choice, now, exclude)
@@ -328,28 +332,6 @@ class Dispatcher:
             if choice is not None:
                 return self._start(req, pool, choice, now, exclude, reason="preempted_backfill")
         return None
-
-    def _waits_for_session(
-        self, req: RouteRequest, pool: Pool, candidates: list[EngineState], now: float, exclude: Sequence[str] = ()
-    ) -> bool:
-        """A continuing turn whose session's engine is healthy but full while others have room waits for
-        it (its context is cached there) as long as it has waited less than its first token would take
-        where it could start now, computing its whole context (ski rental: its first token comes at
-        most twice as late as the better of the two choices made knowing the future, and a seat freed
-        in time costs no re-prefill and evicts nobody), and less than half its time left to start."""
-        if not req.continuing or req.session is None or not candidates or not self.sessions.settings.wait_for_engine:
-            return False
-        session = self.sessions.get(req.session)
-        home = None if session is None else session.engine
-        if home is None or home in exclude or any(e.id == home for e in candidates):
-            return False
-        if not any(e.id == home for e in pool.healthy(exclude, req.model)):
-            return False
-        elsewhere = pool.ttft_model.predict(min(e.queued_prefill for e in candidates) + req.prompt_tokens)
-        if elsewhere is None:
-            return False  # no first token seen yet: nothing to weigh waiting against
-        waited = now - req.arrival
-        return waited < elsewhere and waited < (self._start_deadline(req, pool) - req.arrival) / 2
 
     def _choose(self, req: RouteRequest, pool: Pool, candidates: list[EngineState], now: float) -> Choice | None:
         """The pool's policy's choice among ``candidates``, passing over an engine where a request with a TTFT
@@ -516,7 +498,7 @@ class Dispatcher:
         ``generated`` the predicted cost stands. A session's turn ends here, unless it is ``retrying``."""
         if not dispatch.done:
             if not retrying:
-                self._turn_ended(dispatch, now, generated, prompt)
+                self.turns.ended(dispatch, now, generated, prompt)
             if generated is not None:
                 req = dispatch.request
                 if req.max_tokens is not None:
@@ -538,7 +520,7 @@ class Dispatcher:
 
     def poll(self, now: float) -> Decisions:
         """Refuse what can no longer start in time, update limits, start what now fits."""
-        self._held_changed(self.sessions.expire(now))
+        self.turns.expire(now)
         if not self.admission.enabled:
             return Decisions()
         self._expire(now)
@@ -554,7 +536,7 @@ class Dispatcher:
         pool = self._queued_pool.pop(req.id, None)
         if pool is not None:
             pool.queue.remove(req)
-            self.sessions.abandon(req.id)
+            self.turns.abandoned(req.id)
             return self.drain(now)
         return Decisions(None, self._take_notices(now))
 
@@ -609,14 +591,12 @@ class Dispatcher:
             # the same request, since both land in the notices in order.
             req = entry.request
             placed = self._place(req, pool, now)
-            if placed is None and self._waits_for_session(
-                req, pool, self.room.engines(req.tenant, pool, now, (), req.model), now
-            ):
+            if placed is WAITS_FOR_SESSION:
                 waiting.add(req.id)  # waits for its session's engine: those behind it in its line go on
                 if len(blocked) + len(waiting) >= MAX_PASSED_OVER:
                     break
                 continue
-            if placed is None:
+            if not isinstance(placed, Dispatch):
                 blocked.add((req.cls, req.model, req.tenant))
                 models[req.model] = min(models.get(req.model, rank[req.cls]), rank[req.cls])
                 if len(blocked) >= MAX_PASSED_OVER or not self.capacity.with_room(pool, ()):
@@ -635,27 +615,9 @@ class Dispatcher:
 
     def _take_notices(self, now: float | None = None) -> list[Notice]:
         notices, self._notices = self._notices, []
-        if self.sessions.turns and now is not None:
-            for notice in notices:
-                if isinstance(notice, Rejection):
-                    self.sessions.abandon(notice.request.id)
+        if now is not None:
+            self.turns.refused(notices)
         return notices
-
-    # -- sessions --------------------------------------------------------------------
-
-    def _turn_ended(self, dispatch: Dispatch, now: float, generated: int | None, prompt: int | None) -> None:
-        req = dispatch.request
-        if req.session is not None and self.sessions.turns:
-            output = generated if generated is not None else (req.max_tokens or 0)
-            context = (req.prompt_tokens if prompt is None else prompt) + output
-            self._held_changed(self.sessions.end(req.id, dispatch.engine.id, context, now))
-
-    def _held_changed(self, engines: set[str]) -> None:
-        for engine_id in engines:
-            engine = self._engines.get(engine_id)
-            if engine is not None:
-                engine.held_kv = self.sessions.held(engine_id)
-                self.fleet.load_changed(engine_id)
 
     # -- observations from the relay -----------------------------------------
 

@@ -161,7 +161,7 @@ def test_a_retried_turn_is_one_turn_and_a_refused_one_holds_nothing():
     assert isinstance(dispatch, Dispatch)
     again = d.retry(dispatch, 0.1).answer
     assert isinstance(again, Dispatch)
-    session = d.sessions.get("agent")
+    session = d.turns.book.get("agent")
     assert session is not None and session.turns == 1 and session.inflight == 1
     d.finish(again, 1.0, generated=5)
     assert session.gap is None and d.engine(again.engine.id).held_kv == 105
