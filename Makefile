@@ -36,7 +36,7 @@ test: $(STAMP) $(ACTIONLINT)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest --cov --cov-report=term
+	$(BIN)/pytest -n auto --dist loadfile --cov --cov-report=term
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -2,11 +2,22 @@ import os
 
 import pytest
 
+from tests.support.coverage import untraced
 from tests.support.examples import load_profile
 from tests.support.procs import Proc
 from tests.support.tls import make_certs
 
 load_profile()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A test marked ``untraced`` runs with coverage's tracer off (``tests.support.coverage``)."""
+    if item.get_closest_marker("untraced") is None:
+        yield
+        return
+    with untraced():
+        yield
 
 
 @pytest.fixture(scope="module")

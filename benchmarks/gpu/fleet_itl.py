@@ -349,7 +349,15 @@ class Scraper:
 
     def stop(self) -> list[dict[str, Any]]:
         self._conn.send("stop")
-        ticks = self._conn.recv() if self._conn.poll(30) else []
+        # A busy host may keep the scraper from answering for a while: its ticks are waited for while
+        # it lives, and a run without them says so.
+        deadline = time.monotonic() + 300
+        while not self._conn.poll(1.0):
+            if not self._proc.is_alive() or time.monotonic() > deadline:
+                print("fleet_itl: the scraper sent no ticks: no engine or host figures", file=sys.stderr)
+                self._proc.join(timeout=10)
+                return []
+        ticks: list[dict[str, Any]] = self._conn.recv()
         self._proc.join(timeout=10)
         return ticks
 

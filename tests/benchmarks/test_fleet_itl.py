@@ -21,7 +21,8 @@ def test_a_small_run_places_every_request_and_the_engines_count_the_clients_gaps
     args += " --flood 4 --ramp-s 0.5 --sample-ms 50 --scrape-s 0.5 --interactive-profile default"
     # A 2-core host running the suite under coverage relays a token later than the GPU machine does.
     args += " --batch-profile default --relay-lag-s 2"
-    run_script("gpu/fleet_itl.py", args, out, "--redis-server", REDIS_SERVER)
+    # Untraced: the run is timed against its own scraper, which the tracer would make the slowest part.
+    run_script("gpu/fleet_itl.py", args, out, "--redis-server", REDIS_SERVER, traced=False)
 
     run = json.loads((out / "summary.json").read_text())["runs"][0]
     assert run["replicas"] == 2 and run["interactive_completed"] > 5
@@ -33,6 +34,11 @@ def test_a_small_run_places_every_request_and_the_engines_count_the_clients_gaps
     for pool in ("interactive", "batch"):
         assert sum(e["client_gaps_maybe_in"] for e in engines.values() if e["pool"] == pool) > 0, engines
     for url, engine in engines.items():
+        if engine["engine_itl_count"] is None:
+            # No two scrapes of the engine fell inside the window (a host too busy for the scraper's
+            # ticks): there is no count to bound, and none of the clients' gaps counts as surely in.
+            assert engine["client_gaps_surely_in"] == 0, (url, engine)
+            continue
         # Each engine's own count over the window is what the clients saw of it: no fewer than the
         # gaps read surely inside the window, no more than those that may have been.
         assert engine["client_gaps_surely_in"] <= engine["engine_itl_count"], (url, engine)

@@ -22,9 +22,11 @@ import uvicorn
 import yaml
 
 from priority_gateway.serve import GatewayServer, StartSignals, StopWatchdog
+from tests.support.examples import examples
 from tests.support.procs import Proc, free_port, start_engine
 
-RUNS = 20
+# Starts of a gateway that must each end the same way (the ``ci`` profile: a quarter of them).
+RUNS = examples(20)
 # What a stop may take here: every step of it is bounded (runtime.STOP_STEP_S), and nothing is in flight.
 STOP_BOUND_S = 20.0
 

@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from priority_gateway.core.classes import BATCH, INTERACTIVE, Budget
 from priority_gateway.core.dispatcher import (
     AdmissionSettings,
@@ -256,6 +258,7 @@ def itl_histogram(fast: int, slow: int = 0) -> tuple[tuple[float, float], ...]:
     return tuple((b, float(fast * (b >= 0.05) + slow * (b >= 0.1))) for b in (0.025, 0.05, 0.075, 0.1, math.inf))
 
 
+@pytest.mark.untraced
 def test_hammering_with_refused_requests_cannot_talk_the_limit_down():
     d = make(interactive=1, limit=2)
     running = [d.submit(req(), 0.0).answer for _ in range(2)]

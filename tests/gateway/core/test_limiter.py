@@ -3,6 +3,7 @@
 import math
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,6 +50,7 @@ def test_limit_backs_off_when_the_engine_gets_slower():
     assert history[-1] <= 2.5
 
 
+@pytest.mark.untraced
 def test_limit_grows_on_a_fast_engine():
     history = run(lambda load, _rng: 0.005 + 0.0005 * load)
     assert history[-1] >= 20
@@ -175,6 +177,7 @@ def stalls_over_4(load, rng):
     return 0.1 if rng.random() < share else 0.036
 
 
+@pytest.mark.untraced
 @settings(max_examples=examples(6), deadline=None)
 @given(
     itl_of=st.sampled_from([cliff_at_4, stalls_over_4, lambda load, rng: 0.005 + 0.002 * load * rng.random()]),
@@ -257,6 +260,7 @@ def test_a_limit_does_not_grow_past_the_requests_the_engine_runs():
     assert sum(1 for v in settled if v == 4) / len(settled) > 0.9
 
 
+@pytest.mark.untraced
 def test_an_engine_that_seats_everything_lets_the_limit_grow():
     history, reasons = seated(1000, seconds=120.0)
     assert "engine_queueing" not in reasons

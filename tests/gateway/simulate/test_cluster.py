@@ -15,15 +15,17 @@ from priority_gateway.simulate.cli import _flood_source, add_arguments, build_se
 from priority_gateway.simulate.cluster import Cluster, ClusterSetup, PoolSetup, hit_ceiling
 from priority_gateway.simulate.report import meets_budget
 from priority_gateway.simulate.traces import TraceRequest, load_trace
+from tests.support.coverage import untraced_env
 
 ROOT = Path(__file__).parents[3]
 MOONCAKE = ROOT / "benchmarks" / "traces" / "mooncake" / "conversation_trace.jsonl"
 
 
-def sim(*args: str) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-m", "priority_gateway", "sim", *args], capture_output=True, text=True, check=True, cwd=ROOT
-    )
+def sim(*args: str, traced: bool = True) -> dict:
+    """``gateway sim`` with ``args``: its JSON. ``traced=False``: outside coverage (a long replay)."""
+    env = None if traced else untraced_env()
+    cmd = [sys.executable, "-m", "priority_gateway", "sim", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT, env=env)
     return json.loads(out.stdout)
 
 
@@ -51,7 +53,7 @@ def test_policies_replay_the_same_arrivals_deterministically():
         "--admission",
         "off",
     ]
-    first, second = sim(*args), sim(*args)
+    first, second = sim(*args, traced=False), sim(*args, traced=False)
     assert first == {**second, **{p: {**second[p], "wall_s": first[p]["wall_s"]} for p in second}}
     for policy in ("round_robin", "prefix"):
         r = first[policy]
@@ -118,6 +120,7 @@ def test_single_engine_sweep_is_keyed_by_level():
     assert r["4"]["infinite_hit_ratio"] == 0.0  # every prompt is distinct
 
 
+@pytest.mark.untraced
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_precise_mode_predicts_what_the_engines_really_serve_from_cache(replicas):
     parser = argparse.ArgumentParser()
@@ -200,6 +203,7 @@ def _replicas(share: str, *options: str) -> tuple[Cluster, dict]:
     return cluster, cluster.run(load_trace(MOONCAKE, "interactive", minutes=2))
 
 
+@pytest.mark.untraced
 def test_replicas_that_share_at_once_hold_the_same_index_and_one_view_of_load():
     cluster, out = _replicas("on", "--share-delay-ms", "0", "--share-interval-ms", "0")
     a, b = (d.pools["interactive"].policy.index for d in cluster.dispatchers)
@@ -212,6 +216,7 @@ def test_replicas_that_share_at_once_hold_the_same_index_and_one_view_of_load():
         assert all(e.peer_inflight == 0 and e.peer_prefill == 0 for e in dispatcher.engines())
 
 
+@pytest.mark.untraced
 def test_replicas_that_share_nothing_each_know_only_their_own_routing():
     cluster, out = _replicas("off")
     a, b = (d.pools["interactive"].policy.index for d in cluster.dispatchers)
@@ -260,6 +265,7 @@ def test_the_slot_rule_keeps_engines_within_their_adapter_slots():
     assert swaps[True] < swaps[False]
 
 
+@pytest.mark.untraced
 def test_replicas_fill_no_more_than_one_would_and_their_safe_share_while_the_channel_is_down():
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -318,6 +324,7 @@ def _learning(replicas: int, through_one: bool) -> tuple[float, int]:
     return sum(limits) / len(limits), met
 
 
+@pytest.mark.untraced
 @pytest.mark.parametrize("through_one", [False, True])
 def test_replicas_learn_together_the_limit_one_replica_learns(through_one):
     # Each replica saw only its own requests' gaps, judged growth at its own limit and counted its starting

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -534,6 +535,7 @@ class Tenants:
 weights = st.lists(st.sampled_from([1.0, 2.0, 3.0]), min_size=2, max_size=4)
 
 
+@pytest.mark.untraced
 @settings(max_examples=examples(400), deadline=None)
 @given(
     st.integers(1, 4),
