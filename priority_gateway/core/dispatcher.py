@@ -74,7 +74,7 @@ from priority_gateway.core.reasons import Refusal
 from priority_gateway.core.request import RouteRequest
 from priority_gateway.core.routing import Choice
 from priority_gateway.core.sessions import SessionSettings
-from priority_gateway.core.slots import FullEngine, Running
+from priority_gateway.core.slots import FullEngine
 from priority_gateway.core.tenant_room import TenantRoom
 from priority_gateway.core.turns import SessionTurns
 
@@ -308,7 +308,7 @@ class Dispatcher:
         """Start ``req`` on an engine with room; else whether it waits for its session's engine."""
         model = req.model
         candidates = self.room.engines(req.tenant, pool, now, exclude, model)
-        if req.continuing and self.turns.waits(req, pool, candidates, now, self._start_deadline(req, pool), exclude):
+        if req.continuing and self.turns.waits(req, pool, candidates, now, pool.start_deadline(req), exclude):
             return WAITS_FOR_SESSION
         choice = self._choose(req, pool, candidates, now)
         if choice is not None:
@@ -370,21 +370,12 @@ class Dispatcher:
         home = self.pool_for(victim.request.cls, victim.request.model)
         # It is charged again when it restarts from scratch: the first charge is refunded.
         self._settle(victim, 0)
-        home.queue.push(victim.request, self._start_deadline(victim.request, home), now)
+        home.queue.push(victim.request, home.start_deadline(victim.request), now)
         self._queued_pool[victim.request.id] = home
         return True
 
-    def _start_deadline(self, req: RouteRequest, pool: Pool) -> float:
-        if req.budget.ttft_s is not None:
-            # Margin: the line predicts a typical first token, the budget bounds the p99.
-            expected = 1.2 * (pool.ttft_model.predict(req.prompt_tokens) or 0.0)
-            return req.arrival + max(0.0, req.budget.ttft_s - expected)
-        if req.budget.deadline_s is not None:
-            return req.arrival + req.budget.deadline_s
-        return math.inf
-
     def _enqueue(self, req: RouteRequest, pool: Pool, now: float) -> Answer:
-        deadline = self._start_deadline(req, pool)
+        deadline = pool.start_deadline(req)
         ahead = self.room.ahead_of(req.tenant, pool, now)
         wait = None
         if req.budget.ttft_s is not None:
@@ -409,7 +400,7 @@ class Dispatcher:
     def _expected_wait(self, pool: Pool, position: int, now: float) -> float | None:
         """Time until ``position`` requests ahead have started, from when the running ones end."""
         engines = [
-            FullEngine(*self.capacity.counted(e), [_running(d, pool) for d in self._running.get(e.id, ())])
+            FullEngine(*self.capacity.counted(e), [pool.running(d) for d in self._running.get(e.id, ())])
             for e in pool.healthy()
         ]
         return pool.slots.wait(position, engines, now)
@@ -507,7 +498,7 @@ class Dispatcher:
             self._release(dispatch, ok)
             if ok and self.admission.enabled:
                 pool = self.pools[dispatch.engine.pool]
-                pool.slots.observe_done(_running(dispatch, pool), now - dispatch.dispatched_at)
+                pool.slots.observe_done(pool.running(dispatch), now - dispatch.dispatched_at)
         return self.drain(now)
 
     def retry(self, dispatch: Dispatch, now: float) -> Decisions:
@@ -655,8 +646,3 @@ class Dispatcher:
             if pool.accept_overflow:
                 out[name] += sum(n for other, n in interactive.items() if other != name)
         return out
-
-
-def _running(dispatch: Dispatch, pool: Pool) -> Running:
-    first = pool.ttft_model.predict(dispatch.request.prompt_tokens) or 0.0
-    return Running(dispatch.dispatched_at, first, dispatch.request.max_tokens)

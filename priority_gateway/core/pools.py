@@ -5,19 +5,25 @@ Rules:
   models (``/v1/models``) serves those, one that has not answered yet is assumed to serve the pool's;
   a LoRA adapter the pool may load on demand is served by every engine.
 - A pool that declares ``models`` serves them (and its loadable adapters) whatever its engines list.
+- A request with a TTFT budget must start by its arrival plus its budget less the first token the
+  pool's pace predicts for its prompt (with a margin: the line predicts a typical first token, the
+  budget bounds a p99); one with a deadline by its deadline; others whenever (``start_deadline``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from priority_gateway.core.classes import ClassTable
+from priority_gateway.core.decisions import Dispatch
 from priority_gateway.core.engines import EngineState
 from priority_gateway.core.models import serves
 from priority_gateway.core.queue import DEFAULT_DECODE_TOKENS, WaitQueue
+from priority_gateway.core.request import RouteRequest
 from priority_gateway.core.routing import Policy, make_policy
-from priority_gateway.core.slots import SlotTimes
+from priority_gateway.core.slots import Running, SlotTimes
 from priority_gateway.core.ttft_model import TTFTModel
 
 
@@ -84,3 +90,18 @@ class Pool:
         self.engines = [known.get(url) or EngineState(url, self.name) for url in urls]
         for gone in set(known) - set(urls):
             self.policy.forget(gone)
+
+    def start_deadline(self, req: RouteRequest) -> float:
+        """When ``req`` must have started at the latest (the rules)."""
+        if req.budget.ttft_s is not None:
+            expected = 1.2 * (self.ttft_model.predict(req.prompt_tokens) or 0.0)
+            return req.arrival + max(0.0, req.budget.ttft_s - expected)
+        if req.budget.deadline_s is not None:
+            return req.arrival + req.budget.deadline_s
+        return math.inf
+
+    def running(self, dispatch: Dispatch) -> Running:
+        """What the slot times know of a started request: when it started, its first token's expected
+        time, its output bound."""
+        first = self.ttft_model.predict(dispatch.request.prompt_tokens) or 0.0
+        return Running(dispatch.dispatched_at, first, dispatch.request.max_tokens)
