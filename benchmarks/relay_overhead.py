@@ -268,7 +268,9 @@ def profile(target: Target, case: Case, seconds: float, tmp: Path, out: Path) ->
         return None
     path = out / f"profile-{target.name}-{case.key}.svg"
     cmd = taskset("1", [spy, "record", "-p", str(target.pid), "-o", str(path), "-d", str(round(seconds))])
-    spy_proc = subprocess.Popen([*cmd, "-r", "250", "--nonblocking", "-f", "flamegraph"], stdout=subprocess.DEVNULL)
+    # Blocking samples (py-spy pauses the process for each): without, stacks read while they change
+    # come out torn under load. The profiled run is apart from the measured ones.
+    spy_proc = subprocess.Popen([*cmd, "-r", "250", "-f", "flamegraph"], stdout=subprocess.DEVNULL)
     time.sleep(0.5)
     run_wrk(target.url, case, seconds, tmp)
     spy_proc.wait(timeout=60)
