@@ -27,6 +27,15 @@ def redis_server(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(autouse=True)
+def redis_back(redis_server):
+    """Redis answers again after each test, whatever it did to it: a test that failed during its
+    outage leaves the module's other tests their server."""
+    yield
+    if redis_server.proc is None or not redis_server.proc.alive:
+        redis_server.start()
+
+
 @pytest.fixture(scope="module")
 def engines(procs, tmp_path_factory) -> list[Proc]:
     tmp = tmp_path_factory.mktemp("engines")
