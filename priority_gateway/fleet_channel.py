@@ -111,7 +111,7 @@ class FleetChannel:
                 self._lost(f"{type(exc).__name__}: {exc}")
             finally:
                 with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves PubSub.aclose untyped
+                    await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # untyped before redis-py 8.2
                 with contextlib.suppress(RedisError, OSError):
                     await client.aclose()
             await asyncio.sleep(backoff)

@@ -10,6 +10,10 @@ Rules:
   - sharing with other replicas: the slots this replica holds (``fleet.holdings``, the least of its
     holding and its claims in transit), less its own requests in flight; while another replica waits
     there below its fair share, no more than that share;
+    a request with a TTFT budget whose policy would choose a less loaded engine where this replica
+    holds no free slot but the fleet has room waits there for up to a tenth of its budget
+    (``SLOT_WAIT_SHARE``): its queued request claims a slot, the others give up what they
+    hold unused, and it starts where one replica alone would have started it (``waits_for_slot``);
   - the safe share (channel starting or down): ``limit / replicas`` less this replica's own requests,
     and less what the engine reports beyond the others' shares.
 - The backfill reserve is headroom, not a limit: batch work may take an engine of another class's
@@ -30,9 +34,15 @@ from typing import TYPE_CHECKING, Protocol
 from priority_gateway.core.decisions import LimitChange
 from priority_gateway.core.engines import EngineState
 from priority_gateway.core.limiter import ConcurrencyLimit, Evidence, LimitSettings
+from priority_gateway.core.request import RouteRequest
+from priority_gateway.core.routing import Choice
 
 if TYPE_CHECKING:
     from priority_gateway.core.pools import Pool
+
+
+SLOT_WAIT_SHARE = 0.1
+"""Of its TTFT budget, what a request may wait for a slot where one replica alone would start it."""
 
 
 class FleetGate(Protocol):
@@ -132,6 +142,36 @@ class Capacity:
         """The healthy engines of ``pool`` serving ``model`` that the gate lets take one more."""
         room = self.room
         return [e for e in pool.healthy(exclude, model) if room(e) > 0]
+
+    def unheld(self, pool: Pool, exclude: Sequence[str], model: str | None = None) -> list[EngineState]:
+        """Sharing holdings: the healthy engines of ``pool`` where the fleet has room (everyone's load under
+        the limit) but this replica holds no free slot; else none."""
+        if not self.fleet.within_holdings:
+            return []
+        room = self.room
+        return [e for e in pool.healthy(exclude, model) if room(e) <= 0 and e.load < self.limit(e.id)]
+
+    def waits_for_slot(
+        self,
+        req: RouteRequest,
+        pool: Pool,
+        choice: Choice,
+        candidates: list[EngineState],
+        now: float,
+        exclude: Sequence[str],
+        choose: Callable[[list[EngineState]], Choice | None],
+    ) -> bool:
+        """Whether ``req``, which ``choose`` (the pool's policy) would start on ``choice`` among ``candidates``,
+        rather waits for a slot on a less loaded engine that ``choose`` prefers among those and the
+        ``unheld`` ones (see the rules)."""
+        ttft = req.budget.ttft_s
+        if ttft is None or now - req.arrival >= SLOT_WAIT_SHARE * ttft:
+            return False
+        unheld = self.unheld(pool, exclude, req.model)
+        if not unheld or min(e.load for e in unheld) >= choice.engine.load:
+            return False
+        wider = choose([*candidates, *unheld])
+        return wider is not None and wider.engine in unheld and wider.engine.load < choice.engine.load
 
     def spare_in(self, pool: Pool, exclude: Sequence[str], model: str | None = None) -> list[EngineState]:
         """Engines of ``pool`` with room to spare beyond the reserve kept for their own class."""

@@ -47,6 +47,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import partial
 
 from priority_gateway.core.capacity import Capacity, pool_limit_settings
 from priority_gateway.core.classes import DEFAULT_CLASSES, ClassTable
@@ -94,12 +95,15 @@ __all__ = [
 ]
 
 
-class _WaitsForSession(Enum):
-    WAITS = "waits for its session's engine"
+class _Waits(Enum):
+    SESSION = "waits for its session's engine"
+    SLOT = "waits for a slot where one replica alone would start it"
 
 
-WAITS_FOR_SESSION = _WaitsForSession.WAITS
+WAITS_FOR_SESSION = _Waits.SESSION
 """What ``_place`` says of a continuing turn that waits for its session's engine (``turns.waits``)."""
+WAITS_FOR_SLOT = _Waits.SLOT
+"""What ``_place`` says of a request that waits for a slot on a less loaded engine (``Capacity.waits_for_slot``)."""
 
 MAX_PASSED_OVER = 32
 """Queued entries a drain tries and cannot start before it stops looking further (per pool)."""
@@ -304,14 +308,17 @@ class Dispatcher:
 
     def _place(
         self, req: RouteRequest, pool: Pool, now: float, exclude: Sequence[str] = ()
-    ) -> Dispatch | _WaitsForSession | None:
-        """Start ``req`` on an engine with room; else whether it waits for its session's engine."""
+    ) -> Dispatch | _Waits | None:
+        """Start ``req`` on an engine with room; else whether it waits for its session's engine or a slot."""
         model = req.model
         candidates = self.room.engines(req.tenant, pool, now, exclude, model)
         if req.continuing and self.turns.waits(req, pool, candidates, now, pool.start_deadline(req), exclude):
             return WAITS_FOR_SESSION
         choice = self._choose(req, pool, candidates, now)
         if choice is not None:
+            wider = partial(self._choose, req, pool, now=now)
+            if self.capacity.waits_for_slot(req, pool, choice, candidates, now, exclude, wider):
+                return WAITS_FOR_SLOT
             return self._start(req, pool, choice, now, exclude)
         if self.classes.is_batch(req.cls):
             for other in self.pools.values():
@@ -582,8 +589,8 @@ class Dispatcher:
             # the same request, since both land in the notices in order.
             req = entry.request
             placed = self._place(req, pool, now)
-            if placed is WAITS_FOR_SESSION:
-                waiting.add(req.id)  # waits for its session's engine: those behind it in its line go on
+            if isinstance(placed, _Waits):
+                waiting.add(req.id)  # waits for its session's engine or a slot: those behind it go on
                 if len(blocked) + len(waiting) >= MAX_PASSED_OVER:
                     break
                 continue

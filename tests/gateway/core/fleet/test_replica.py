@@ -315,6 +315,59 @@ def test_the_others_in_flight_count_against_the_limit_through_the_holdings():
     assert started(start(b, 3)) + channel.rounds() == 1  # a's 3 and b's 1 fill the engine's 4
 
 
+def two_engines_four_replicas() -> tuple[Channel, str, str]:
+    """Four replicas, two engines of limit 4 (one slot each of each): ``a`` runs one request on the first,
+    the other three one each on the second. ``a`` holds a free slot only where three run."""
+    spec = PoolSpec("interactive", ENGINES[:2], policy="least_loaded")
+    replicas = [
+        Dispatcher(
+            [spec],
+            budgets={INTERACTIVE: 0.05},
+            admission=AdmissionSettings(enabled=True, limits=LimitSettings(initial=4.0)),
+            fleet=fleet_settings(i),
+        )
+        for i in range(4)
+    ]
+    channel = Channel(replicas)
+    channel.warm()
+    quiet, busy = ENGINES[:2]
+    for d, engine in zip(replicas, (quiet, busy, busy, busy), strict=True):
+        other = busy if engine == quiet else quiet
+        answer = d.submit(RouteRequest(f"run-{d.fleet.own[0]}", INTERACTIVE, "m", 0.0, 100), 0.0, (other,)).answer
+        assert isinstance(answer, Dispatch) and answer.engine.id == engine
+    channel.rounds()
+    return channel, quiet, busy
+
+
+def test_a_replica_waits_for_a_slot_where_one_replica_alone_would_start_the_request():
+    """Slots held unused by the others do not push a request onto a busier engine: it waits (a fraction of
+    its TTFT budget) while its claim takes one of them back, then starts where one replica would."""
+    channel, quiet, busy = two_engines_four_replicas()
+    a = channel.replicas[0]
+    assert [engine_of(a, e).load for e in (quiet, busy)] == [1, 3]
+    req = RouteRequest("next", INTERACTIVE, "m", 0.1, 100, budget=Budget(ttft_s=0.5))
+    assert isinstance(a.submit(req, 0.1).answer, Queued)
+    dispatched = [d for _ in range(3) for got in channel.round(now=0.11) for d in got if d.request is req]
+    assert [d.engine.id for d in dispatched] == [quiet]
+    assert inflight(a, quiet) == 2 and inflight(a, busy) == 0
+
+
+def test_a_request_waits_for_such_a_slot_only_a_tenth_of_its_ttft_budget():
+    channel, _, busy = two_engines_four_replicas()
+    a = channel.replicas[0]
+    channel.up = False  # its claim never reaches the others
+    req = RouteRequest("next", INTERACTIVE, "m", 0.1, 100, budget=Budget(ttft_s=0.5))
+    assert isinstance(a.submit(req, 0.1).answer, Queued)
+    assert not [d for d in a.poll(0.14).others if isinstance(d, Dispatch)]
+    assert [d.engine.id for d in a.poll(0.16).others if isinstance(d, Dispatch)] == [busy]
+
+
+def test_a_request_without_a_ttft_budget_does_not_wait_for_such_a_slot():
+    channel, _, busy = two_engines_four_replicas()
+    answer = channel.replicas[0].submit(RouteRequest("plain", INTERACTIVE, "m", 0.1, 100), 0.1).answer
+    assert isinstance(answer, Dispatch) and answer.engine.id == busy
+
+
 def test_every_replica_applies_the_limit_its_leader_learned():
     """One rule: the fleet's limit of an engine is the one its leader (the lowest id among those that
     learned one) publishes; the others follow it, whatever they learned apart."""
