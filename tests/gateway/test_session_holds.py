@@ -28,7 +28,8 @@ def stack(procs, tmp_path_factory):
     config = {
         "pools": {"interactive": {"engines": [e.url for e in engines]}},
         "store": redis.url,
-        "sessions": {"default_hold_s": 3.0},
+        # Long enough to be seen held by both replicas, short enough that each case waits little for the last.
+        "sessions": {"default_hold_s": 1.5},
     }
     pair = [start_gateway(tmp, config) for _ in range(2)]
     procs.extend(pair)
