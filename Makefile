@@ -1,8 +1,8 @@
 # Two commands on a fresh machine: `make run` and `make test`.
 PYTHON ?= python3
-# Test processes: 0 runs the suite in one (its real-time tests' waits are sized for that); auto, one
-# per core (pytest-xdist: 1.8x faster on 2 cores, and the real-time tests wait under twice the load).
-TEST_WORKERS ?= 0
+# Test processes: one per core (pytest-xdist, a module to a worker, the longest modules first:
+# tests/conftest.py); 0 runs the suite in this one process.
+TEST_WORKERS ?= auto
 VENV ?= .venv
 BIN := $(VENV)/bin
 # Two stamps: the runtime alone (`make run`: the gateway and the simulator, about 80 MB) and the
@@ -39,7 +39,7 @@ test: $(STAMP) $(ACTIONLINT)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --cov --cov-report=term
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --cov --cov-report=term
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -20,7 +20,8 @@ def test_a_small_run_with_redis_killed_measures_what_happened(tmp_path):
     args = "--setups fleet_redis_killed --replicas 2 --repeats 1 --minutes 0.15 --warmup-s 1 --rate 3"
     args += " --input 64 --output 16 --flood 6 --ramp-s 0.5 --sample-ms 20 --interactive-engines 1"
     args += " --batch-engines 1 --interactive-profile default --batch-profile default"
-    run_script("fleet_admission_realtime.py", args, out, "--redis-server", REDIS_SERVER)
+    # Untraced, as the product code the replicas run is covered by tests of its own.
+    run_script("fleet_admission_realtime.py", args, out, "--redis-server", REDIS_SERVER, traced=False)
 
     run = json.loads((out / "runs.json").read_text())[0]
     assert run["replicas"] == 2 and run["redis_down_s"] == [3.0, 6.0]
