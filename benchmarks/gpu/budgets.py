@@ -55,6 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fronts import is_cap, is_ours
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from priority_gateway.bench import envelope, stats
@@ -358,20 +360,6 @@ def load_sweeps(folders: list[Path]) -> list[dict[str, Any]]:
             sweep_["folder"] = str(path.parent)
             out.append(sweep_)
     return out
-
-
-def is_cap(front: str) -> bool:
-    return front.startswith(("cap-", "engine-cap-"))
-
-
-def front_kind(front: str) -> str:
-    """What a front is, without its repeat's tag (``ours-admission@2`` is a second run of ``ours-admission``)."""
-    return front.split("@", 1)[0]
-
-
-def is_ours(front: str) -> bool:
-    """The gateway learning its limit, in any of its runs (``ours-admission``, ``ours-admission@2``)."""
-    return front_kind(front) == "ours-admission"
 
 
 def analyze(folders: list[Path], out: Path, provenance: envelope.Envelope) -> dict[str, Any]:

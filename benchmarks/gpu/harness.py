@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import engine_args
+from fronts import front_kind
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the bundle's root: the package is not installed
 
@@ -1017,14 +1018,6 @@ def capacity(setup: Setup) -> tuple[float, str]:
         return json.loads((RES / "budgets-capacity" / "capacity.json").read_text())["request_throughput"], "measured"
     except (OSError, ValueError, KeyError):
         return FALLBACK_CAPACITY_RPS, "gateway sim's estimate (the probe did not run)"
-
-
-def front_kind(front: str) -> str:
-    """``budgets.front_kind``, imported when first needed: ``budgets`` imports the gateway, which the
-    device's bare Python lacks until ``unpack`` has installed the bundle."""
-    from budgets import front_kind as kind
-
-    return kind(front)
 
 
 def budgets_front(front: str, url: str) -> dict | None:

@@ -20,6 +20,7 @@ NOT_BENCHMARKS = {
     "live_stack.py": "the real-time benchmarks' engines, gateways and instruments, a library",
     "gpu/engine_args.py": "a pool's engine arguments on the device, a library",
     "gpu/fit_mixed.py": "the step model's fit, a library of analyze.py",
+    "gpu/fronts.py": "the budgets plan's fronts by name, a library of budgets.py and harness.py",
     "gpu/harness.py": "runs the device's plan; each result is written by the script it runs (its commit: envelope)",
     "gpu/vllm_flags.py": "reads a vLLM wheel's flags, measures nothing",
     "report_summary.py": "writes docs/report.md's summary from the committed results, measures nothing",
