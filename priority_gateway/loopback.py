@@ -4,13 +4,15 @@ For the test suite and the benchmarks, which run the gateway as users do (real p
 HTTP) and must not depend on each other: both import these from the installed package.
 
 Rules:
-- Every process gets a free port on 127.0.0.1 and a log file; ``stop`` ends it and its children.
+- Every process gets a free port on 127.0.0.1 (below the ephemeral range, which clients take from) and a
+  log file; ``stop`` ends it and its children.
 - ``wait_ready`` gives up with the process's log when it exits or does not answer in time.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import ssl
@@ -27,9 +29,33 @@ import yaml
 
 
 def free_port() -> int:
+    """A port free now, below the kernel's ephemeral range where it can: a port a bind to 0 returns is
+    one the kernel also gives outgoing connections, so a client anywhere on the host could take it
+    before the process it is meant for binds it."""
+    first_ephemeral = _first_ephemeral_port()
+    if first_ephemeral > _LOWEST_PORT:
+        for _ in range(64):
+            port = _random.randrange(_LOWEST_PORT, first_ephemeral)
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+_LOWEST_PORT = 10_000
+_random = random.SystemRandom()
+
+
+def _first_ephemeral_port() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0  # not Linux: the kernel's choice
 
 
 class Proc:
