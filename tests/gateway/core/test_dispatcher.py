@@ -124,6 +124,23 @@ def test_with_slots_free_a_queue_held_by_the_prefill_is_not_a_wait_for_a_slot():
     assert len(refused) == 2 and all(r.reason == Refusal.SLO_BUDGET_EXCEEDED for r in refused)
 
 
+def test_a_flood_held_by_the_prefill_with_slots_free_stays_within_the_queue_bound():
+    """Queued rather than refused at once while slots are free, a flood still meets the queue's bound:
+    past ``max_queue`` it is refused (queue full), and what waited is refused at its start deadline."""
+    d = make(interactive=1, limit=4, max_queue=10)
+    pool = d.pools["interactive"]
+    for _ in range(40):
+        for tokens in (100, 2000):
+            pool.ttft_model.observe(tokens, 0.1 + tokens / 10_000)
+    pool.engines[0].pending_prefill = 4000  # every first token there would come too late
+    answers = [d.submit(req(now=1.0), 1.0).answer for _ in range(200)]
+    assert sum(isinstance(a, Queued) for a in answers) == 10 and len(pool.queue) == 10
+    refused = [a for a in answers if isinstance(a, Rejection)]
+    assert len(refused) == 190 and {r.reason for r in refused} == {Refusal.QUEUE_FULL}
+    expired = [o for o in d.poll(1.6) if isinstance(o, Rejection)]
+    assert len(expired) == 10 and len(pool.queue) == 0
+
+
 def stream(d, out, now, tokens, ttft=0.05, gap=0.035):
     """Play a streamed answer of ``tokens`` tokens through the dispatcher; returns when it ended."""
     now += ttft
