@@ -11,6 +11,7 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -51,6 +52,7 @@ _LOWEST_PORT = 10_000
 _random = random.SystemRandom()
 
 
+@functools.cache
 def _first_ephemeral_port() -> int:
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
