@@ -98,35 +98,9 @@ def test_refused_at_once_when_the_expected_wait_exceeds_the_budget():
     assert isinstance(out, Rejection) and out.reason == Refusal.SLO_BUDGET_EXCEEDED
 
 
-def test_with_slots_free_a_queue_held_by_the_prefill_is_not_a_wait_for_a_slot():
-    """Requests that the first-token check holds (prefill queued on the engine) wait for the prefill, not
-    for slots: a newcomer behind them is queued while slots are free, not refused for the slot wait that
-    counting them as slot-takers predicts; its start deadline answers it if the prefill never drains."""
-    d = make(interactive=1, limit=4)
-    pool = d.pools["interactive"]
-    running = d.submit(req(), 0.0).answer
-    d.finish(running, 10.0)  # the pool learns that a request holds a slot for 10 s
-    for _ in range(40):  # and that a first token comes 0.1 s + 0.1 ms per prefill token ahead of it
-        for tokens in (100, 2000):
-            pool.ttft_model.observe(tokens, 0.1 + tokens / 10_000)
-    busy = d.submit(req(now=10.0), 10.0).answer
-    assert isinstance(busy, Dispatch)
-    engine = pool.engines[0]
-    engine.pending_prefill = 4000  # a first token there now would come at ~0.6 s: past the budget
-    held = [d.submit(req(now=10.0), 10.0).answer for _ in range(4)]
-    assert all(isinstance(h, Queued) for h in held), "held by the prefill, with three slots free"
-    newcomer = d.submit(req(now=10.0), 10.0).answer
-    assert isinstance(newcomer, Queued), "slots are free: the slot wait of 10 s is not what holds it"
-    engine.pending_prefill = 0  # the prefill drained: what waited starts, up to the limit
-    started = [o for o in d.poll(10.1) if isinstance(o, Dispatch)]
-    assert len(started) == 3 and engine.inflight == 4
-    refused = [o for o in d.poll(10.6) if isinstance(o, Rejection)]
-    assert len(refused) == 2 and all(r.reason == Refusal.SLO_BUDGET_EXCEEDED for r in refused)
-
-
 def test_a_flood_held_by_the_prefill_with_slots_free_stays_within_the_queue_bound():
-    """Queued rather than refused at once while slots are free, a flood still meets the queue's bound:
-    past ``max_queue`` it is refused (queue full), and what waited is refused at its start deadline."""
+    """A flood that the prefill holds while slots are free meets the queue's bound: past ``max_queue``
+    it is refused (queue full), and what waited is refused at its start deadline."""
     d = make(interactive=1, limit=4, max_queue=10)
     pool = d.pools["interactive"]
     for _ in range(40):
