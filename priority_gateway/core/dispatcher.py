@@ -9,12 +9,16 @@ Rules:
   room (``capacity``: the one gate, whatever the channel to other replicas is doing).
 - A request with a TTFT budget starts on an engine only while its first token can come in time there:
   the prefill queued on the engine (this replica's and the others') and its own uncached part, at the
-  pace the pool's first tokens showed (``ttft_model``, with a margin: the line predicts a typical first
-  token, the budget bounds a p99); engines where it would be late are passed over.
+  pace the pool's first tokens showed (``ttft_model``: its line predicts a typical first token, times the
+  margin that its late first tokens steer, since the budget bounds a p99); engines where it would be
+  late are passed over.
 - With admission on, a request that finds no room waits in its pool's queue, classes by rank, tenants
   by weighted fair queueing (``queue``, ``fair_queue``), until it can start; an interactive-kind
-  request that cannot start within its TTFT budget is refused at once (``slo_budget_exceeded``), and
-  a queued one is refused when its start deadline passes, never started late.
+  request that cannot get a slot within its TTFT budget (the slots' predicted ends, ``slots``) is
+  refused at once (``slo_budget_exceeded``), and a queued one is refused when its start deadline
+  passes, never started late. While the pool has room for the request, those ahead of it wait for
+  the prefill queued on the engines (the first-token check), not for slots: it is queued, and its
+  start deadline answers it.
 - Tenants (``fairness``, ``tenant_room``): one at its cap starts nothing more; one over its share
   starts only where an engine keeps the backfill reserve free.
 - A drain starts what can start, in queue order: an entry that cannot be placed now (its model's
@@ -353,7 +357,7 @@ class Dispatcher:
         for _ in range(len(candidates)):
             ahead = choice.engine.queued_prefill + max(0, req.prompt_tokens - choice.predicted_cached_tokens)
             expected = model.predict(ahead)
-            if expected is None or 1.2 * expected <= left:  # margin: a typical first token, against a p99 budget
+            if expected is None or model.margin * expected <= left:  # a typical first token, against a p99 budget
                 return choice
             candidates = [e for e in candidates if e is not choice.engine]
             choice = pool.policy.choose(req, candidates, now)
@@ -387,7 +391,9 @@ class Dispatcher:
         wait = None
         if req.budget.ttft_s is not None:
             wait = self._expected_wait(pool, pool.queue.position(req, deadline, ahead), now)
-            if deadline <= now or (wait is not None and now + wait > deadline):
+            # With room for it now, what holds the queue is the prefill ahead, not slots: its deadline answers it.
+            late = wait is not None and now + wait > deadline and not self.room.may_start(pool, now)(req.tenant)
+            if deadline <= now or late:
                 return self._refuse_slo(req, wait)
         if len(pool.queue) >= self.admission.max_queue:
             if wait is None:
@@ -624,7 +630,9 @@ class Dispatcher:
         if dispatch.engine.id not in self.capacity.limits:
             return
         engine_side = max(0.0, seconds - (dispatch.dispatched_at - dispatch.request.arrival))
-        self.pools[dispatch.engine.pool].ttft_model.observe(dispatch.backlog, engine_side)
+        budget = dispatch.request.budget.ttft_s
+        late = None if budget is None else seconds > budget
+        self.pools[dispatch.engine.pool].ttft_model.observe(dispatch.backlog, engine_side, late)
 
     def observe_itl(self, dispatch: Dispatch, seconds: float, now: float, times: int = 1) -> None:
         """``times`` gaps of ``seconds`` each (events that arrived together, a step apart each)."""

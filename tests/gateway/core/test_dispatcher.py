@@ -115,6 +115,55 @@ def test_a_flood_held_by_the_prefill_with_slots_free_stays_within_the_queue_boun
     assert len(expired) == 10 and len(pool.queue) == 0
 
 
+def test_with_slots_free_a_queue_held_by_the_prefill_is_not_a_wait_for_a_slot():
+    """Requests that the first-token check holds (prefill queued on the engine) wait for the prefill, not
+    for slots: a newcomer behind them is queued while slots are free, not refused for the slot wait that
+    counting them as slot-takers predicts; its start deadline answers it if the prefill never drains."""
+    d = make(interactive=1, limit=4)
+    pool = d.pools["interactive"]
+    running = d.submit(req(), 0.0).answer
+    d.finish(running, 10.0)  # the pool learns that a request holds a slot for 10 s
+    for _ in range(40):  # and that a first token comes 0.1 s + 0.1 ms per prefill token ahead of it
+        for tokens in (100, 2000):
+            pool.ttft_model.observe(tokens, 0.1 + tokens / 10_000)
+    busy = d.submit(req(now=10.0), 10.0).answer
+    assert isinstance(busy, Dispatch)
+    engine = pool.engines[0]
+    engine.pending_prefill = 4000  # a first token there now would come at ~0.6 s: past the budget
+    held = [d.submit(req(now=10.0), 10.0).answer for _ in range(4)]
+    assert all(isinstance(h, Queued) for h in held), "held by the prefill, with three slots free"
+    newcomer = d.submit(req(now=10.0), 10.0).answer
+    assert isinstance(newcomer, Queued), "slots are free: the slot wait of 10 s is not what holds it"
+    engine.pending_prefill = 0  # the prefill drained: what waited starts, up to the limit
+    started = [o for o in d.poll(10.1) if isinstance(o, Dispatch)]
+    assert len(started) == 3 and engine.inflight == 4
+    refused = [o for o in d.poll(10.6) if isinstance(o, Rejection)]
+    assert len(refused) == 2 and all(r.reason == Refusal.SLO_BUDGET_EXCEEDED for r in refused)
+
+
+def test_late_first_tokens_raise_the_margin_that_admission_applies():
+    """A first token after its request's TTFT budget raises the pool's margin; the first-token check and
+    the start deadline then leave more room for the scatter above the line's typical first token."""
+    d = make(interactive=1, limit=4)
+    pool = d.pools["interactive"]
+    for _ in range(200):  # a first token typically 0.1 s after the start
+        pool.ttft_model.observe(100, 0.1)
+    before = pool.ttft_model.margin
+    deadline_before = pool.start_deadline(req(now=0.0))
+    for i in range(5):
+        out = d.submit(req(now=float(i)), float(i)).answer
+        assert isinstance(out, Dispatch)
+        d.observe_ttft(out, 0.9)  # the budget is 0.5 s
+        d.finish(out, i + 0.95)
+    assert pool.ttft_model.margin > 1.25 * before
+    assert pool.start_deadline(req(now=0.0)) < deadline_before
+    raised = pool.ttft_model.margin
+    on_time = d.submit(req(now=10.0), 10.0).answer
+    assert isinstance(on_time, Dispatch)
+    d.observe_ttft(on_time, 0.1)
+    assert 0.99 * raised < pool.ttft_model.margin < raised  # one in time lowers it, a little
+
+
 def stream(d, out, now, tokens, ttft=0.05, gap=0.035):
     """Play a streamed answer of ``tokens`` tokens through the dispatcher; returns when it ended."""
     now += ttft
