@@ -1236,9 +1236,24 @@ gateway first on an engine just started, and every cap after it, so the engine's
 on the gateway alone. Here a cap runs first, the gateway twice between caps."""
 
 
-def budgets_again_steps(setup: Setup) -> list[Step]:
+PAIRS_ORDER = (
+    ("poisson", "cap-64"),
+    ("poisson", "ours-admission"),
+    ("poisson", "ours-admission@2"),
+    ("poisson", "cap-64@2"),
+    ("bursty", "ours-admission"),
+    ("bursty", "cap-64"),
+    ("poisson", "cap-64@3"),
+    ("poisson", "ours-admission@3"),
+)
+"""The gateway against the static cap that did best so far (64: its limit never binds, so it stands for
+the best an operator's cap can do with the gateway's first-token check), in pairs whose order alternates,
+so that each rate has several runs of each and the ratio is of medians, not of one noisy run."""
+
+
+def budgets_again_steps(setup: Setup, order: tuple[tuple[str, str], ...] = AGAIN_ORDER) -> list[Step]:
     steps = [Step("budgets capacity", setup.seconds(15) + 40, lambda: capacity_probe(setup), SINGLE)]
-    return steps + [sweep_step(setup, arrivals, front) for arrivals, front in AGAIN_ORDER]
+    return steps + [sweep_step(setup, arrivals, front) for arrivals, front in order]
 
 
 def plan_steps(setup: Setup, name: str) -> list[Step]:
@@ -1247,6 +1262,8 @@ def plan_steps(setup: Setup, name: str) -> list[Step]:
         return budgets_steps(setup, runs)
     if name == "budgets-again":
         return budgets_again_steps(setup)
+    if name == "budgets-pairs":
+        return budgets_again_steps(setup, PAIRS_ORDER)
     if name == "fleet-itl-shipped":
         return fleet_shipped_steps(setup, runs)
     if name == "sessions":  # four engines of the interactive pool's profile, each a small KV cache
@@ -1468,6 +1485,7 @@ def main() -> None:
     plans = (
         "budgets",
         "budgets-again",
+        "budgets-pairs",
         "fleet-itl-shipped",
         "full",
         "smoke",
