@@ -175,3 +175,26 @@ def test_every_run_of_the_gateway_is_judged_against_the_best_cap(budgets, tmp_pa
     row = summary["by_arrivals"]["poisson"]["rates"][0]
     assert row["gateway_goodput_over_best_cap_runs"] == {"ours-admission": 0.98, "ours-admission@2": 0.9}
     assert row["gateway_goodput_over_best_cap"] == 0.9 and row["gateway_meets_p99_budgets"] is False
+
+
+def test_repeats_are_also_compared_median_to_median(budgets, tmp_path):
+    """With several runs of each front, the ratio of medians sits beside the strict one (worst run of the
+    gateway against the best run of any cap): the best cap is the one whose median run is best."""
+
+    def level(goodput: float) -> dict:
+        return {"label": "r=8", "rate": 8.0, "goodput_rps": goodput, "attainment_of_admitted": 1.0,
+                "admitted_meet_p99_budgets": True}  # fmt: skip
+
+    runs = {"cap-32": 9.0, "cap-64": 12.0, "cap-64@2": 9.5, "cap-64@3": 10.0, "ours-admission": 9.9,
+            "ours-admission@2": 8.0, "ours-admission@3": 10.4}  # fmt: skip
+    for front, goodput in runs.items():
+        folder = tmp_path / f"budgets-poisson-{front}"
+        folder.mkdir()
+        sweep = {"front": front, "arrivals": "poisson", "commit": "x", "levels": [level(goodput)]}
+        (folder / "sweep.json").write_text(json.dumps(sweep))
+    summary = budgets.analyze([tmp_path], tmp_path / "out", budgets.envelope.start())
+    row = summary["by_arrivals"]["poisson"]["rates"][0]
+    assert row["gateway_goodput_over_best_cap"] == round(8.0 / 12.0, 3)
+    assert row["gateway_median_over_best_cap_median"] == 0.99  # 9.9 over cap-64's median 10.0
+    assert row["runs"] == {"cap-32": 1, "cap-64": 3, "ours-admission": 3}
+    assert summary["by_arrivals"]["poisson"]["gateway_median_over_best_cap_median_min"] == 0.99
