@@ -30,34 +30,28 @@ Rules:
 
 from __future__ import annotations
 
-import math
-
 DEFAULT_MARGIN = 1.2
 MIN_MARGIN = 1.05
 MAX_MARGIN = 3.0
 TARGET_LATE_SHARE = 0.005
 MISS_STEP = 1.05
-_UP = math.log(MISS_STEP)
-_DOWN = _UP * TARGET_LATE_SHARE / (1.0 - TARGET_LATE_SHARE)
-_LOG_MIN, _LOG_MAX = math.log(MIN_MARGIN), math.log(MAX_MARGIN)
+_IN_TIME_STEP = MISS_STEP ** (-TARGET_LATE_SHARE / (1.0 - TARGET_LATE_SHARE))
 
 
 class TTFTModel:
-    __slots__ = ("_log_margin", "_n", "_sx", "_sxx", "_sxy", "_sy", "decay", "margin")
+    __slots__ = ("_n", "_sx", "_sxx", "_sxy", "_sy", "decay", "margin")
 
     def __init__(self, decay: float = 0.98) -> None:
         self.decay = decay
         self._n = self._sx = self._sy = self._sxx = self._sxy = 0.0
-        self._log_margin = math.log(DEFAULT_MARGIN)
         self.margin = DEFAULT_MARGIN
 
     def observe(self, tokens: int, seconds: float, late: bool | None = None) -> None:
         """A first token ``seconds`` after its start with ``tokens`` of prefill ahead; ``late``: whether it
         came after its request's TTFT budget (None: the request had none)."""
         if late is not None:
-            step = _UP if late else -_DOWN
-            self._log_margin = min(_LOG_MAX, max(_LOG_MIN, self._log_margin + step))
-            self.margin = min(MAX_MARGIN, max(MIN_MARGIN, math.exp(self._log_margin)))
+            step = MISS_STEP if late else _IN_TIME_STEP
+            self.margin = min(MAX_MARGIN, max(MIN_MARGIN, self.margin * step))
         d = self.decay
         x = float(tokens)
         self._n = d * self._n + 1.0
