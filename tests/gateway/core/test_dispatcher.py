@@ -164,6 +164,25 @@ def test_late_first_tokens_raise_the_margin_that_admission_applies():
     assert 0.99 * raised < pool.ttft_model.margin < raised  # one in time lowers it, a little
 
 
+def test_a_client_tightening_its_ttft_budget_cannot_raise_everyones_margin():
+    """``x-slo-ttft-ms`` tightens one request's budget. One too tight to meet is refused at once, so it
+    never comes late and never raises the pool's margin; one that starts is judged by the budget it
+    started under, so its first tokens move the margin only as any request's at the edge would."""
+    d = make(interactive=1, limit=4)
+    pool = d.pools["interactive"]
+    for _ in range(200):
+        pool.ttft_model.observe(100, 0.1)
+    before = pool.ttft_model.margin
+    tight = Budget(ttft_s=0.001, itl_s=0.05)
+    answers = [d.submit(req(now=1.0, budget=tight), 1.0).answer for _ in range(50)]
+    assert all(isinstance(a, Rejection) and a.reason == Refusal.SLO_BUDGET_EXCEEDED for a in answers)
+    assert pool.ttft_model.margin == before
+    edge = d.submit(req(now=2.0, budget=Budget(ttft_s=0.15, itl_s=0.05)), 2.0).answer
+    assert isinstance(edge, Dispatch)
+    d.observe_ttft(edge, 0.14)  # in time for its own budget
+    assert pool.ttft_model.margin < before
+
+
 def stream(d, out, now, tokens, ttft=0.05, gap=0.035):
     """Play a streamed answer of ``tokens`` tokens through the dispatcher; returns when it ended."""
     now += ttft
