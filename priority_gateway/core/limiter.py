@@ -24,7 +24,7 @@ Rules:
 - A level is over budget when the share of its fresh gaps above ``high * budget`` is above 1 %
   with confidence (a one-sided Wilson bound, counting engine steps: a stall slows all ``level``
   requests of a step at once, so ``level`` slow gaps are one piece of evidence, not ``level``);
-  within budget when their p99 is at most ``high * budget``. Growing asks more: the p99 of the
+  within budget when their p99 is at most ``high * budget``. Growing fast asks more: the p99 of the
   level's long window within ``low * budget`` (a steady estimate: a step up is a step towards the
   cliff). The engine's whole window is far over budget when its share (of steps, counted at the
   limit) above 1.5 budgets is above 1 % with confidence.
@@ -45,7 +45,11 @@ Rules:
     a level found over budget once, however long ago (probing a cliff again goes one step at a time).
     An engine whose ITL is set by what its steps prefill, not by how many decode, shows the same p99
     at 4 requests as at 32: growing one at a time from the probe level took it minutes to reach the
-    concurrency its TTFT budget needed, while the queue refused half the traffic;
+    concurrency its TTFT budget needed, while the queue refused half the traffic. Only far from the
+    budget (``low``: a fifth below it) is a jump safe: where the p99 sits near the budget a cliff of
+    prefill stalls is close (decode gaps of 35-43 ms under a 50 ms budget), and a jump of half the limit
+    crossed it before the evidence came in (at 0.9, ``benchmarks/admission.py``'s Azure sweep ran ITL
+    p99 83.6 ms at 2x; at 0.8, 48.2 ms, with the GPU scenes' growth unchanged);
   - full: an engine whose scrapes show it holding requests waiting (vLLM's ``num_requests_waiting``)
     beside the same number running, ``queue_scrapes`` in a row, runs all it will: a limit above what it
     runs only moves the wait into the engine, where nobody orders, sheds or counts it against the
@@ -92,7 +96,8 @@ class LimitSettings:
     maximum: float = 256.0
     interval_s: float = 2.0
     cooldown_s: float = 10.0
-    low: float = 0.9
+    low: float = 0.8
+    """A level whose long p99 is within this share of the budget is far from it: the limit may grow by ``growth``."""
     high: float = 1.0
     min_samples: int = 100
     window_s: float = 20.0

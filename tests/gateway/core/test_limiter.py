@@ -230,6 +230,13 @@ def test_far_within_budget_the_limit_grows_by_half_a_step_not_one():
     assert steps[:6] == [2.0, 3.0, 4.0, 6.0, 9.0, 13.0]
 
 
+def test_near_the_budget_the_limit_grows_one_request_at_a_time():
+    # 42 ms gaps under a 50 ms budget: within it, but where a cliff of prefill stalls may be one step away.
+    history = run(lambda _load, _rng: 0.042, seconds=30.0)
+    steps = sorted(set(history))
+    assert steps[:6] == [2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+
+
 def seated(seats: int, seconds: float = 600.0, itl: float = 0.01) -> tuple[list[float], set[str]]:
     """An engine that runs at most ``seats`` requests (vLLM's ``--max-num-seqs``) and queues the rest, fast
     whatever it runs, kept at its limit by a saturating load and scraped every second."""
