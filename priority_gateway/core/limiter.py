@@ -39,10 +39,12 @@ Rules:
     budget lately, else multiplicatively (to 70 %); then no further shrink for ``cooldown_s``, and
     the whole window starts afresh (what it saw above the new limit says nothing about it);
   - grow when the limit was reached since the last decision (by this replica's load and, where the
-    engine is scraped, by what it runs: requests it holds waiting do not count) and the next level was not found over
-    budget lately (the known cliff): by ``growth`` of the limit (at least one) while its level's long
-    p99 is within ``low * budget``, by one while its fresh p99 is within ``high * budget``; never past
-    a level found over budget once, however long ago (probing a cliff again goes one step at a time).
+    engine is scraped, by what it carries: what it runs, and what it holds waiting for a step's prefill
+    budget, not what waits beside an unchanged number running, scrape after scrape, for a seat) and the
+    next level was not found over budget lately (the known cliff): by ``growth`` of the limit (at least
+    one) while its level's long p99 is within ``low * budget``, by one while its fresh p99 is within
+    ``high * budget``; never past a level found over budget once, however long ago (probing a cliff
+    again goes one step at a time).
     An engine whose ITL is set by what its steps prefill, not by how many decode, shows the same p99
     at 4 requests as at 32: growing one at a time from the probe level took it minutes to reach the
     concurrency its TTFT budget needed, while the queue refused half the traffic. Only far from the
@@ -219,7 +221,7 @@ class ConcurrencyLimit:
         self._queueing = 0  # scrapes in a row that showed the engine holding requests waiting
         self._queue_seen_at = -math.inf
         self._seats = 0.0  # what it ran meanwhile
-        self._ran = -1.0  # the most the engine's scrapes showed it running since the last step (-1: none)
+        self._ran = -1.0  # the most the engine's scrapes showed it carrying since the last step (-1: none)
 
     @property
     def learned(self) -> bool:
@@ -302,7 +304,6 @@ class ConcurrencyLimit:
         if scraped_at is None or scraped_at <= self._queue_seen_at:
             return
         self._queue_seen_at = scraped_at
-        self._ran = max(self._ran, running)
         if waiting < 1 or running < 1:
             self._queueing = 0
         elif self._queueing and running == self._seats:
@@ -311,6 +312,9 @@ class ConcurrencyLimit:
             # Running a different number than at the last queueing scrape: it is not at its seats yet
             # (a request waits for a step's prefill budget), or they changed; counted afresh.
             self._queueing, self._seats = 1, running
+        # What it carries: a request waiting for a step's prefill budget is carried (the next steps take
+        # it); one waiting beside the same number running, scrape after scrape, waits for a seat.
+        self._ran = max(self._ran, running + waiting if self._queueing <= 1 else running)
 
     def note_load(self, load: float) -> None:
         if load > self._peak:
@@ -389,7 +393,8 @@ class ConcurrencyLimit:
 
     def _reached(self, peak: float, current: int) -> bool:
         """The limit was reached since the last decision: by this replica's load and, where the engine is
-        scraped, by what it runs (requests it holds waiting do not count)."""
+        scraped, by what it carries (requests it holds waiting for a seat do not count; one waiting for a
+        step's prefill budget does)."""
         return peak >= self.limit - 0.5 and (self._ran < 0 or self._ran >= current)
 
     def _judge_levels(self, evidence: Evidence, now: float) -> set[int]:

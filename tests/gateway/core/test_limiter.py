@@ -274,6 +274,27 @@ def test_an_engine_that_seats_everything_lets_the_limit_grow():
     assert history[-1] >= 20
 
 
+@pytest.mark.untraced
+def test_requests_waiting_for_a_prefill_budget_count_as_carried():
+    # A chunked-prefill engine (vLLM's --max-num-batched-tokens) holds the newest one or two requests
+    # waiting for the next steps' prefill budget while the number it runs moves: it carries them all, and
+    # the limit grows. (Counting only what it runs kept a real H100's limit at 42 while the gateway queued.)
+    limit = ConcurrencyLimit(0.05, LimitSettings(), 0.0)
+    t, step = 0.0, 1.0 / 30
+    while t < 120.0:
+        load = int(limit.limit)
+        for _ in range(load):
+            limit.observe_itl(0.01, load, t)
+        limit.note_load(load)
+        scraped = math.floor(t)
+        waiting = 1 + scraped % 2 if load >= 4 else 0
+        limit.note_engine_queue(load - waiting, waiting, float(scraped))
+        t += step
+        limit.update(t, load)
+    assert limit.reason != "engine_queueing"
+    assert limit.limit >= 20
+
+
 def test_a_moment_of_waiting_in_one_scrape_is_no_queue():
     limit = ConcurrencyLimit(0.05, LimitSettings(), 0.0)
     limit.limit = 8.0
