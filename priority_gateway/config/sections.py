@@ -320,8 +320,8 @@ class AdmissionConfig:
     min_samples: Annotated[int, Ge(1)] = _LIMITS.min_samples
     """Samples a window needs before its p99 is trusted."""
     growth: Annotated[float, Interval(gt=0, le=4)] = _LIMITS.growth
-    """Share of the limit a step up adds while the level's ITL p99 is far within the budget (one step
-    at a time near the budget and up to a level once found over it)."""
+    """Share of the limit a step up adds while the level's ITL p99 is within 80 % of the budget (one
+    step at a time near the budget and up to a level once found over it)."""
     recover_s: Seconds = _LIMITS.recover_s
     """A limit below ``initial_limit`` climbs back one step each time this passes without a shrink and
     without the next level found over budget (an idle engine's limit returns to the probe level)."""
