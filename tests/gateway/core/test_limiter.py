@@ -304,3 +304,15 @@ def test_a_moment_of_waiting_in_one_scrape_is_no_queue():
         limit.note_load(8)
         limit.update(float(t), 8.0)
     assert limit.reason != "engine_queueing" and limit.limit >= 8
+
+
+@pytest.mark.parametrize("waiting", [float("nan"), -5.0, 1e12, float("inf")])
+def test_a_broken_engine_queue_reading_moves_no_limit_by_itself(waiting):
+    # What a scrape says the engine carries only lets a limit count as reached; growth still needs ITL
+    # evidence, and an engine reporting nonsense gives none.
+    limit = ConcurrencyLimit(0.05, LimitSettings(), 0.0)
+    for t in range(1, 60):
+        limit.note_engine_queue(2, waiting, float(t))
+        limit.note_load(2)
+        limit.update(float(t), 2.0)
+    assert limit.limit <= LimitSettings().initial
