@@ -179,6 +179,7 @@ def clearly_over(above: float, total: float, share: float = _ALLOWED) -> bool:
 
 class ConcurrencyLimit:
     __slots__ = (
+        "_carried",
         "_cliff",
         "_engine",
         "_engine_last",
@@ -189,7 +190,6 @@ class ConcurrencyLimit:
         "_peaks",
         "_queue_seen_at",
         "_queueing",
-        "_ran",
         "_safe",
         "_seats",
         "budget_s",
@@ -221,7 +221,7 @@ class ConcurrencyLimit:
         self._queueing = 0  # scrapes in a row that showed the engine holding requests waiting
         self._queue_seen_at = -math.inf
         self._seats = 0.0  # what it ran meanwhile
-        self._ran = -1.0  # the most the engine's scrapes showed it carrying since the last step (-1: none)
+        self._carried = -1.0  # the most the engine's scrapes showed it carrying since the last step (-1: none)
 
     @property
     def learned(self) -> bool:
@@ -314,7 +314,7 @@ class ConcurrencyLimit:
             self._queueing, self._seats = 1, running
         # What it carries: a request waiting for a step's prefill budget is carried (the next steps take
         # it); one waiting beside the same number running, scrape after scrape, waits for a seat.
-        self._ran = max(self._ran, running + waiting if self._queueing <= 1 else running)
+        self._carried = max(self._carried, running + waiting if self._queueing <= 1 else running)
 
     def note_load(self, load: float) -> None:
         if load > self._peak:
@@ -388,14 +388,14 @@ class ConcurrencyLimit:
             self._last_step = now
             self.reason = "recovering"
         if self.limit != old:
-            self._ran = min(self._ran, 0.0)  # what the engine runs at the new limit is yet to be seen
+            self._carried = min(self._carried, 0.0)  # what the engine carries at the new limit is yet to be seen
         return self.limit != old
 
     def _reached(self, peak: float, current: int) -> bool:
         """The limit was reached since the last decision: by this replica's load and, where the engine is
         scraped, by what it carries (requests it holds waiting for a seat do not count; one waiting for a
         step's prefill budget does)."""
-        return peak >= self.limit - 0.5 and (self._ran < 0 or self._ran >= current)
+        return peak >= self.limit - 0.5 and (self._carried < 0 or self._carried >= current)
 
     def _judge_levels(self, evidence: Evidence, now: float) -> set[int]:
         """Remember each level's verdict; the levels over budget now."""
