@@ -1013,7 +1013,7 @@ def capacity_probe(setup: Setup) -> None:
 
 def capacity(setup: Setup) -> tuple[float, str]:
     if "capacity_rps" in setup.state:
-        return setup.state["capacity_rps"], "measured"
+        return setup.state["capacity_rps"], setup.state.get("capacity_source", "measured")
     try:
         return json.loads((RES / "budgets-capacity" / "capacity.json").read_text())["request_throughput"], "measured"
     except (OSError, ValueError, KeyError):
@@ -1252,8 +1252,10 @@ so that each rate has several runs of each and the ratio is of medians, not of o
 
 
 def budgets_again_steps(setup: Setup, order: tuple[tuple[str, str], ...] = AGAIN_ORDER) -> list[Step]:
-    steps = [Step("budgets capacity", setup.seconds(15) + 40, lambda: capacity_probe(setup), SINGLE)]
-    return steps + [sweep_step(setup, arrivals, front) for arrivals, front in order]
+    sweeps = [sweep_step(setup, arrivals, front) for arrivals, front in order]
+    if "capacity_rps" in setup.state:  # given (``--capacity-rps``): measured before on this kind of card
+        return sweeps
+    return [Step("budgets capacity", setup.seconds(15) + 40, lambda: capacity_probe(setup), SINGLE), *sweeps]
 
 
 def plan_steps(setup: Setup, name: str) -> list[Step]:
@@ -1443,6 +1445,9 @@ def launch(setup: Setup, plan: str, budget_s: float) -> None:
     args += ["--fleet-runs", str(setup.state.get("fleet_runs", FLEET_RUNS))]
     if setup.state.get("only"):
         args += ["--only", setup.state["only"]]
+    if "capacity_rps" in setup.state:
+        args += ["--capacity-rps", str(setup.state["capacity_rps"])]
+        args += ["--capacity-source", setup.state["capacity_source"]]
     if setup.dry:
         args += ["--dry", "--time-scale", str(setup.time_scale), "--sim-profile", setup.sim_profile]
         args += ["--rate-scale", str(setup.rate_scale)]
@@ -1508,6 +1513,13 @@ def main() -> None:
     p.add_argument("--graphs", action="store_true", help="real engines with CUDA graphs (no --enforce-eager)")
     p.add_argument("--only", default="", help="run only the plan's steps whose name matches this regex")
     p.add_argument("--fleet-runs", type=int, default=FLEET_RUNS, help="fleet-itl: runs of one and of four replicas")
+    p.add_argument(
+        "--capacity-rps",
+        type=float,
+        default=None,
+        help="budgets-again, budgets-pairs: the engine's capacity measured before on this kind of card (no probe)",
+    )
+    p.add_argument("--capacity-source", default="given", help="where --capacity-rps was measured (recorded)")
     args = p.parse_args()
     out = Path(os.environ.get("OUT", WORK / "out"))
     if args.action == "stage":
@@ -1524,6 +1536,8 @@ def main() -> None:
     setup = dry_setup(args.engines, args.time_scale, args.sim_profile) if args.dry else device_setup(args.engines)
     setup.graphs, setup.rate_scale = args.graphs, args.rate_scale
     setup.state.update(only=args.only, fleet_runs=args.fleet_runs)
+    if args.capacity_rps is not None:
+        setup.state.update(capacity_rps=args.capacity_rps, capacity_source=args.capacity_source)
     if args.action == "steps":
         return show_steps(setup, args.plan, args.budget_s)
     if args.plan == "sessions":

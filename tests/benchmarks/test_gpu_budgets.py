@@ -198,3 +198,17 @@ def test_repeats_are_also_compared_median_to_median(budgets, tmp_path):
     assert row["gateway_median_over_best_cap_median"] == 0.99  # 9.9 over cap-64's median 10.0
     assert row["runs"] == {"cap-32": 1, "cap-64": 3, "ours-admission": 3}
     assert summary["by_arrivals"]["poisson"]["gateway_median_over_best_cap_median_min"] == 0.99
+
+
+def test_a_capacity_measured_before_replaces_the_probe(monkeypatch):
+    monkeypatch.syspath_prepend(str(GPU))
+    import harness
+
+    probed = harness.dry_setup(1, 0.15, "h200-7b-bf16")
+    given = harness.dry_setup(1, 0.15, "h200-7b-bf16")
+    given.state.update(capacity_rps=23.0, capacity_source="an H100, before")
+    probed_steps = [s.name for s in harness.budgets_again_steps(probed, harness.PAIRS_ORDER)]
+    given_steps = [s.name for s in harness.budgets_again_steps(given, harness.PAIRS_ORDER)]
+    assert probed_steps[0] == "budgets capacity"
+    assert given_steps == probed_steps[1:]
+    assert harness.capacity(given) == (23.0, "an H100, before")
