@@ -12,7 +12,9 @@ Rules:
 - Tiers: a block an event names with a ``medium`` other than the GPU's (vLLM's KV offloading stores
   blocks to ``CPU``) is kept in the lower tier's index (``lower``), apart from the GPU's: a hit there
   is a transfer, not a recompute, and scores between a GPU hit and a miss (``prefix_policy``).
-  ``BlockRemoved`` removes from the tier it names.
+  ``BlockRemoved`` removes from the tier it names. vLLM's offloading connector reports a block it
+  stored by its hash alone (no parent, no token ids): such a block is the one the engine's GPU event
+  named under that hash, now held in the tier this event names; a hash never named is not guessed.
 - ``AllBlocksCleared`` and an engine restart empty that engine's entry, in every tier.
 - Nothing is guessed: routing a request records nothing here; only events change what an
   engine holds.
@@ -72,6 +74,9 @@ class PreciseIndex:
         medium: str | None = None,
     ) -> None:
         ours = self._ours.setdefault(engine, {})
+        if not token_ids:
+            self._stored_by_hash(engine, ours, block_hashes, block_size, medium)
+            return
         if parent is None:
             chain = lora_root(lora_name)
         elif parent in ours:
@@ -91,6 +96,21 @@ class PreciseIndex:
             index = self.index if is_gpu(medium) else self.lower
             index.set_capacity(engine, _UNLIMITED)
             index.record(engine, added, len(added) * block_size, block_size)
+
+    def _stored_by_hash(
+        self,
+        engine: str,
+        ours: dict[Hashable, int],
+        block_hashes: Sequence[Hashable],
+        block_size: int,
+        medium: str | None,
+    ) -> None:
+        known = [ours[h] for h in block_hashes if h in ours]
+        self.unplaced += len(block_hashes) - len(known)
+        if known:
+            index = self.index if is_gpu(medium) else self.lower
+            index.set_capacity(engine, _UNLIMITED)
+            index.record(engine, known, len(known) * block_size, block_size)
 
     def removed(self, engine: str, block_hashes: Sequence[Hashable], medium: str | None = None) -> None:
         ours = self._ours.get(engine)

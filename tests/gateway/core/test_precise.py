@@ -96,3 +96,15 @@ def test_a_block_offloaded_to_cpu_scores_between_a_gpu_hit_and_a_miss():
     policy.kv_events("cpu", [BlockRemoved(list(range(100, 108)), medium="CPU")])
     assert policy.choose(req, [cpu], 0.0).predicted_cached_tokens == 0
     assert policy.precise is not None and policy.precise.blocks("cpu") == 0
+
+
+def test_a_block_stored_by_its_hash_alone_goes_to_the_tier_the_event_names():
+    # vLLM's offloading connector reports a CPU store with the hashes only: no parent, no token ids.
+    index = PreciseIndex()
+    index.stored("a", [1, 2, 3, 4], None, TOKENS, 16)
+    index.stored("a", [3, 4, 99], None, [], 16, medium="CPU")
+    ours = token_block_hashes(TOKENS, 16)
+    assert [index.lower.holds("a", h) for h in ours] == [False, False, True, True]
+    assert index.unplaced == 1  # a hash the engine never named is not guessed
+    index.removed("a", [3, 4], medium="GPU")
+    assert index.lower.holds("a", ours[3]) and not index.index.holds("a", ours[3])
