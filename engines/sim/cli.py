@@ -11,9 +11,10 @@ from collections.abc import Sequence
 import uvicorn
 
 from priority_gateway.engines.sim.core import FCFS, PRIORITY, EngineCore
+from priority_gateway.engines.sim.cpu_tier import blocks_for_size
 from priority_gateway.engines.sim.kv_events import ZmqPublisher
 from priority_gateway.engines.sim.models import ServedModels, parse_lora_module, runtime_lora_updating
-from priority_gateway.engines.sim.profile import available_profiles, load_profile
+from priority_gateway.engines.sim.profile import Profile, available_profiles, load_profile
 from priority_gateway.engines.sim.protocol import ApiError
 from priority_gateway.engines.sim.realtime import RealtimeDriver
 from priority_gateway.engines.sim.server import SimServer
@@ -51,6 +52,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument(
+        "--kv-offloading-size",
+        type=float,
+        default=None,
+        help="GiB of CPU memory for KV blocks offloaded from the GPU (as vllm serve; needs the profile's "
+        "kv_bytes_per_token, else use --kv-offloading-blocks)",
+    )
+    p.add_argument(
+        "--kv-offloading-backend",
+        choices=("native", "lmcache"),
+        default="native",
+        help="native: vLLM's own CPU offloading, the one simulated; lmcache is not",
+    )
+    p.add_argument(
+        "--kv-offloading-blocks",
+        type=int,
+        default=None,
+        help="the CPU tier's size in blocks (simulator only; overrides --kv-offloading-size)",
+    )
     p.add_argument("--scheduling-policy", choices=(FCFS, PRIORITY), default=FCFS)
     p.add_argument(
         "--kv-events-endpoint",
@@ -91,6 +111,7 @@ def build_server(args: argparse.Namespace) -> SimServer:
         max_loras=args.max_loras,
         max_cpu_loras=args.max_cpu_loras,
         max_lora_rank=args.max_lora_rank,
+        kv_offloading_blocks=offloading_blocks(args, profile),
     )
     models = ServedModels(
         args.served_model_name or [args.model],
@@ -109,6 +130,25 @@ def build_server(args: argparse.Namespace) -> SimServer:
         models=models,
         tracer=RequestTracer(args.otlp_traces_endpoint) if args.otlp_traces_endpoint else None,
     )
+
+
+def offloading_blocks(args: argparse.Namespace, profile: Profile) -> int | None:
+    """The CPU tier's blocks from ``--kv-offloading-blocks`` or ``--kv-offloading-size`` (``None``: no tier)."""
+    if args.kv_offloading_blocks is None and args.kv_offloading_size is None:
+        return None
+    if args.kv_offloading_backend != "native":
+        raise ValueError(f"--kv-offloading-backend {args.kv_offloading_backend} is not simulated; use native")
+    if args.kv_offloading_blocks is not None:
+        if args.kv_offloading_blocks < 0:
+            raise ValueError("--kv-offloading-blocks must not be negative")
+        return int(args.kv_offloading_blocks)
+    if not profile.kv_bytes_per_token:
+        raise ValueError(
+            f"profile {profile.name!r} has no kv_bytes_per_token to turn --kv-offloading-size into blocks; "
+            "give --kv-offloading-blocks"
+        )
+    block_size = args.block_size or profile.block_size
+    return blocks_for_size(args.kv_offloading_size, profile.kv_bytes_per_token, block_size)
 
 
 def load_lora_modules(core: EngineCore, models: ServedModels, entries: Sequence[str]) -> None:
@@ -150,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "max_model_len": core.max_model_len,
         "scheduling_policy": core.scheduling_policy,
         "kv_events_endpoint": args.kv_events_endpoint,
+        "kv_offloading_blocks": core.profile.kv_offloading_blocks,
     }
     print(json.dumps(log), flush=True)
     uvicorn.run(

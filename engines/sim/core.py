@@ -51,6 +51,13 @@ Scheduling rules (after ``vllm/v1/core/sched/scheduler.py``):
   step. Block hashes of a LoRA request are keyed by the adapter's name and path, so one adapter's
   cached blocks are never hits for another or for the base model. At the end of every step the
   ``vllm:lora_requests_info`` label values are recorded with the step's end time (``lora_info``).
+- CPU KV tier (``kv_offloading_blocks``, ``cpu_tier``): a waiting request's lookup goes on into the tier
+  past its GPU hit; a CPU hit gets GPU blocks for both hits and waits (``loading``, counted as waiting
+  for reason ``deferred``) while its blocks are copied back, then returns to the front of the queue
+  with those tokens computed, their blocks in the GPU prefix cache. Every step offers the blocks its
+  requests filled to the tier; the copies end after the step. A step that can schedule nothing while
+  a load is under way lasts until the first load ends. ``prefix_cache_hits`` stays the GPU's; the
+  tier's hits count in ``external_prefix_cache_hits`` and in the request's cached tokens.
 """
 
 from __future__ import annotations
@@ -64,6 +71,7 @@ from typing import NamedTuple
 
 from priority_gateway.core.kv_events import KVEvent
 from priority_gateway.engines.sim import tokens
+from priority_gateway.engines.sim.cpu_tier import CpuTier, Offloader, transfer_s_per_block
 from priority_gateway.engines.sim.kv_cache import BlockOwner, KVCache, TokenIdsOf
 from priority_gateway.engines.sim.lora import (
     RUNNING_EVENT,
@@ -78,6 +86,7 @@ from priority_gateway.engines.sim.stats import EngineStats, RequestTimes
 
 FCFS = "fcfs"
 PRIORITY = "priority"
+_CLOCK_SLACK_S = 1e-9
 LORA_INFO_SERIES = 256
 """At most this many ``vllm:lora_requests_info`` label sets are kept (vLLM keeps every one it ever
 set); the least recently set goes first, so the newest series, the one readers take, is always there."""
@@ -133,7 +142,7 @@ class StepResult:
     """Adapters read from disk (not in the CPU cache) for this step."""
 
 
-WAITING, RUNNING, FINISHED = 0, 1, 2
+WAITING, RUNNING, FINISHED, LOADING = 0, 1, 2, 3
 
 
 @dataclass(slots=True)
@@ -159,6 +168,14 @@ class _Seq:
     blocks: list[int] = field(default_factory=list)
     hashes: list[int] = field(default_factory=list)
     num_hashed: int = 0
+    num_offered: int = 0
+    """Blocks offered to the CPU tier so far (vLLM's next block to store)."""
+    loading: list[int] = field(default_factory=list)
+    """Hashes of the blocks being loaded from the CPU tier."""
+    loaded_at: float = 0.0
+    """When that load ends."""
+    counted: bool = False
+    """Its prefix lookup is in the counters (they count a request once)."""
     stop_at: int = 0
     rng: random.Random | None = None
     lora_events: list[int] | None = None
@@ -195,6 +212,7 @@ class EngineCore:
         max_loras: int = 1,
         max_cpu_loras: int | None = None,
         max_lora_rank: int = 16,
+        kv_offloading_blocks: int | None = None,
     ) -> None:
         if scheduling_policy not in (FCFS, PRIORITY):
             raise ValueError(f"scheduling_policy must be {FCFS!r} or {PRIORITY!r}")
@@ -205,6 +223,7 @@ class EngineCore:
             num_blocks=num_blocks,
             max_model_len=max_model_len,
             enable_prefix_caching=enable_prefix_caching,
+            kv_offloading_blocks=kv_offloading_blocks,
         )
         self.model = model
         self.device = device
@@ -217,6 +236,13 @@ class EngineCore:
         self.spec_k = profile.speculative.num_speculative_tokens
         self.kv_events: list[KVEvent] | None = [] if kv_events else None
         self.cache = KVCache(profile.num_blocks, profile.block_size, profile.enable_prefix_caching, self.kv_events)
+        self.offload: Offloader | None = None
+        if profile.kv_offloading_blocks:
+            if not profile.enable_prefix_caching:
+                raise ValueError("the CPU KV tier needs prefix caching (blocks are found by their hashes)")
+            tier = CpuTier(profile.kv_offloading_blocks, profile.block_size, self.kv_events)
+            self.offload = Offloader(tier, transfer_s_per_block(profile.kv_bytes_per_token, profile.block_size))
+        self._loading: list[_Seq] = []
         self.stats = EngineStats(self.max_model_len)
         self._seqs: dict[str, _Seq] = {}
         self._running: list[_Seq] = []
@@ -256,8 +282,9 @@ class EngineCore:
 
     @property
     def num_waiting_deferred(self) -> int:
-        """Waiting requests skipped by a transient constraint (the LoRA budget), as vLLM's ``deferred``."""
-        return len(self._deferred)
+        """Waiting requests held by a transient constraint (the LoRA budget, a load from the CPU tier),
+        as vLLM's ``deferred``."""
+        return len(self._deferred) + len(self._loading)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -351,6 +378,10 @@ class EngineCore:
             return False
         if seq.status == RUNNING:
             self._running.remove(seq)
+        elif seq.status == LOADING:
+            self._loading.remove(seq)
+            assert self.offload is not None
+            self.offload.tier.complete_load(seq.loading)
         else:
             self._dequeue(seq)
         self._finish(seq, "abort", now)
@@ -386,9 +417,14 @@ class EngineCore:
     # -- one engine step -------------------------------------------------------
 
     def step(self, now: float) -> StepResult:
+        if self.offload is not None:
+            self.offload.finish_stores(now)
+            self._finish_loads(now)
         scheduled, preempted = self._schedule(now)
         result = StepResult(0.0, preempted=[s.req.id for s in preempted])
         if not scheduled:
+            if self._loading:  # nothing to run until a load ends: the engine waits for it
+                result.duration_s = max(0.0, min(s.loaded_at for s in self._loading) - now)
             self._drain_events(result)
             return result
         prefill = decode_tokens = decode_seqs = context = 0
@@ -421,6 +457,9 @@ class EngineCore:
             duration += self._pending_lora_s + self._lora_step_s(scheduled, result)
             self._pending_lora_s = 0.0
         end = now + duration
+        if self.offload is not None:
+            for seq, _ in scheduled:
+                self._offer(seq, end)
         result.duration_s = duration
         result.prefill_tokens = prefill
         result.decode_seqs = decode_seqs
@@ -490,38 +529,106 @@ class EngineCore:
                     skipped.append(seq)
                     self._deferred.add(seq)
                     continue
-                hit = self.cache.find_prefix(seq.hashes, (seq.num_tokens - 1) // self.block_size)
-                cached = len(hit) * self.block_size
+                if seq.blocks:  # back from a CPU load: its blocks are held, its tokens computed
+                    hit: list[int] = []
+                    cached = seq.num_computed
+                else:
+                    hit = self.cache.find_prefix(seq.hashes, (seq.num_tokens - 1) // self.block_size)
+                    cached = len(hit) * self.block_size
+                    from_cpu = self._cpu_hit(seq, len(hit))
+                    if from_cpu:
+                        if not self.cache.can_allocate(from_cpu, hit):
+                            break
+                        self._pop_waiting()
+                        self._deferred.discard(seq)
+                        self._start_load(seq, hit, from_cpu, now)
+                        continue
                 n = min(seq.num_tokens - cached, budget)
-                if not self.cache.can_allocate(self._blocks_needed(cached + n, len(hit)), hit):
+                if not self.cache.can_allocate(self._blocks_needed(cached + n, len(seq.blocks) + len(hit)), hit):
                     break
                 self._pop_waiting()
                 self._deferred.discard(seq)
                 if lora is not None:
                     loras.add(lora.int_id)
                 self._lora_event(seq, RUNNING_EVENT)
-                self.cache.touch(hit)
-                seq.blocks = list(hit)
-                seq.num_hashed = len(hit)
-                seq.num_computed = cached
+                if hit:
+                    self.cache.touch(hit)
+                    seq.blocks = list(hit)
+                    seq.num_hashed = len(hit)
+                    seq.num_computed = cached
                 self._allocate(seq, n)
                 seq.status = RUNNING
                 running.append(seq)
                 scheduled[seq] = n
                 budget -= n
-                self._admitted(seq, cached, now)
+                self._record_lookup(seq, cached, 0)
+                if seq.times.scheduled is None:
+                    seq.times.scheduled = now
             for seq in reversed(skipped):
                 self._enqueue(seq, front=True)
         return list(scheduled.items()), preempted
 
-    def _admitted(self, seq: _Seq, cached: int, now: float) -> None:
+    def _record_lookup(self, seq: _Seq, local: int, external: int) -> None:
+        """Count a request's prefix lookup, on its first admission only (as vLLM's counters)."""
         times = seq.times
-        if times.scheduled is not None:
+        if seq.counted:
             return
-        times.scheduled = now
-        times.cached_tokens = cached
-        self.stats.prefix_cache_queries += seq.num_tokens
-        self.stats.prefix_cache_hits += cached
+        seq.counted = True
+        times.cached_tokens = local + external
+        times.external_tokens = external
+        stats = self.stats
+        stats.prefix_cache_queries += seq.num_tokens
+        stats.prefix_cache_hits += local
+        if self.offload is not None:
+            stats.external_prefix_cache_queries += seq.num_tokens - local
+            stats.external_prefix_cache_hits += external
+
+    # -- the CPU tier ----------------------------------------------------------
+
+    def _cpu_hit(self, seq: _Seq, gpu_blocks: int) -> int:
+        """Blocks of ``seq`` the CPU tier holds right after its GPU hit (never its last token)."""
+        offload = self.offload
+        if offload is None:
+            return 0
+        offload.tier.touch(seq.hashes)
+        usable = min((seq.num_tokens - 1) // self.block_size, len(seq.hashes))
+        if gpu_blocks >= usable:
+            return 0
+        return offload.tier.lookup(seq.hashes[gpu_blocks:usable])
+
+    def _start_load(self, seq: _Seq, hit: list[int], from_cpu: int, now: float) -> None:
+        assert self.offload is not None
+        self.cache.touch(hit)
+        seq.blocks = list(hit) + self.cache.allocate(from_cpu)
+        seq.num_hashed = len(hit)
+        seq.num_computed = len(seq.blocks) * self.block_size
+        seq.num_offered = len(seq.blocks)  # the loaded blocks are in the tier already
+        seq.loading = seq.hashes[len(hit) : len(seq.blocks)]
+        seq.loaded_at = self.offload.load(seq.loading, now)
+        seq.status = LOADING
+        self._loading.append(seq)
+        self._record_lookup(seq, len(hit) * self.block_size, from_cpu * self.block_size)
+
+    def _finish_loads(self, now: float) -> None:
+        """Requests whose blocks are back on the GPU go to the front of the queue, those blocks cached."""
+        assert self.offload is not None
+        # The step that waited for a load ends at ``now + (loaded_at - now)``, which rounding may put a hair early.
+        done = [s for s in self._loading if s.loaded_at <= now + _CLOCK_SLACK_S]
+        for seq in reversed(done):
+            self._loading.remove(seq)
+            self.offload.tier.complete_load(seq.loading)
+            self._hash_blocks(seq, len(seq.blocks))
+            seq.loading = []
+            self._enqueue(seq, front=True)
+
+    def _offer(self, seq: _Seq, start: float) -> None:
+        """Offer the tier the blocks ``seq`` has filled since its last offer; the copy starts at ``start``."""
+        assert self.offload is not None
+        if seq.num_hashed <= seq.num_offered:
+            return
+        if self.offload.store(seq.hashes[seq.num_offered : seq.num_hashed], start):
+            seq.num_offered = seq.num_hashed
+            self.offload.tier.touch(seq.hashes[: seq.num_hashed])
 
     def _blocks_needed(self, tokens_after: int, held: int) -> int:
         return max(0, -(-tokens_after // self.block_size) - held)
@@ -534,15 +641,19 @@ class EngineCore:
                 return False
             seq.blocks.extend(self.cache.allocate(needed))
         full = min(seq.num_computed + n, seq.num_tokens) // self.block_size
-        upto = min(full, len(seq.hashes))
-        if upto > seq.num_hashed:
-            token_ids_of = owner = None
-            if self.kv_events is not None:
-                token_ids_of = self._token_ids_of(seq)
-                owner = _owner(seq.req)
-            self.cache.cache_blocks(seq.blocks, seq.hashes, seq.num_hashed, upto, token_ids_of, owner)
-            seq.num_hashed = upto
+        self._hash_blocks(seq, min(full, len(seq.hashes)))
         return True
+
+    def _hash_blocks(self, seq: _Seq, upto: int) -> None:
+        """Give ``seq``'s blocks up to ``upto`` (full now) their hashes: GPU prefix-cache hits from now on."""
+        if upto <= seq.num_hashed:
+            return
+        token_ids_of = owner = None
+        if self.kv_events is not None:
+            token_ids_of = self._token_ids_of(seq)
+            owner = _owner(seq.req)
+        self.cache.cache_blocks(seq.blocks, seq.hashes, seq.num_hashed, upto, token_ids_of, owner)
+        seq.num_hashed = upto
 
     def _token_ids_of(self, seq: _Seq) -> TokenIdsOf:
         ids = seq.req.prompt_token_ids
@@ -602,6 +713,7 @@ class EngineCore:
             stats.ttft.observe(end - times.arrival)
             stats.prompt_tokens += seq.req.prompt_tokens
             stats.prompt_tokens_cached += times.cached_tokens
+            stats.prompt_tokens_external += times.external_tokens
             stats.prompt_tokens_computed += seq.req.prompt_tokens - times.cached_tokens
         elif times.last_token is not None:
             stats.itl.observe(end - times.last_token)

@@ -6,7 +6,8 @@ Rules:
 - Each batch of events is one message of three frames: the topic, an 8-byte big-endian sequence
   number (starting at 0, one per message) and a msgpack payload ``[ts, [event, ...], dp_rank]``.
 - Events are maps with a ``"type"`` key: ``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``,
-  with vLLM 0.32's fields; block hashes are unsigned 64-bit ints.
+  with vLLM 0.32's fields; block hashes are unsigned 64-bit ints. ``medium`` is the event's own
+  (``CPU`` from the CPU tier), ``GPU`` when it names none.
 - Sending never blocks the engine: a message that cannot be queued is dropped, like vLLM's.
 """
 
@@ -38,14 +39,15 @@ def event_dict(event: KVEvent) -> dict[str, Any]:
                 "token_ids": list(event.token_ids),
                 "block_size": event.block_size,
                 "lora_id": event.lora_id,
-                "medium": "GPU",
+                "medium": event.medium or "GPU",
                 "lora_name": event.lora_name,
                 "extra_keys": list(extra) if extra is not None else [None] * len(event.block_hashes),
                 "group_idx": 0,
                 "kv_cache_spec_kind": "full_attention",
             }
         case BlockRemoved():
-            return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes), "medium": "GPU", "group_idx": 0}
+            medium = event.medium or "GPU"
+            return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes), "medium": medium, "group_idx": 0}
         case AllBlocksCleared():
             return {"type": "AllBlocksCleared"}
     assert_never(event)

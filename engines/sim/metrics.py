@@ -5,7 +5,8 @@ Rules:
   the same HELP text and labels (``engine="0"``, ``model_name=...``, plus the family's own), in the
   text format ``prometheus_client`` writes (counters as ``_total`` with a ``_created`` gauge).
 - Values come from the engine's live gauges and ``EngineStats``; what the simulator does not
-  model (multi-modal cache, KV connectors, FLOP estimates, sleep) stays at its idle value.
+  model (multi-modal cache, KV connectors but the CPU tier's, FLOP estimates, sleep) stays at its idle
+  value; the CPU tier (``cpu_tier``) counts as vLLM's offloading connector, its hits external.
 - The static text (HELP/TYPE lines, label sets, bucket bounds) is built once; a scrape only
   formats numbers, as ``prometheus_client`` does (``1.79e+09``, ``+Inf``).
 - With LoRA enabled, ``vllm:lora_requests_info`` comes before ``vllm:cache_config_info``, labelled only
@@ -23,6 +24,8 @@ from collections.abc import Callable
 from prometheus_client.utils import floatToGoString
 
 from priority_gateway.engines.sim.core import EngineCore
+from priority_gateway.engines.sim.cpu_tier import GIB
+from priority_gateway.engines.sim.profile import Profile
 from priority_gateway.engines.sim.stats import FINISH_REASONS, EngineStats, Histogram
 
 _COUNTER = "counter"
@@ -94,6 +97,13 @@ def _num(value: float) -> str:
 
 def _finished(stats: EngineStats, reason: str) -> Value:
     return lambda: stats.finished.get(reason, 0)
+
+
+def _offloading_gib(profile: Profile) -> str:
+    """``--kv-offloading-size`` as vLLM echoes it: GiB, ``None`` without a CPU tier (or unknown bytes)."""
+    if not profile.kv_offloading_blocks or not profile.kv_bytes_per_token:
+        return "None"
+    return _num(profile.kv_offloading_blocks * profile.block_size * profile.kv_bytes_per_token / GIB)
 
 
 def _labels(pairs: dict[str, str]) -> str:
@@ -215,8 +225,9 @@ class MetricsPage:
         stats = self.core.stats
         self._counter("prefix_cache_queries", [({}, lambda: stats.prefix_cache_queries)])
         self._counter("prefix_cache_hits", [({}, lambda: stats.prefix_cache_hits)])
-        for name in ("external_prefix_cache_queries", "external_prefix_cache_hits"):
-            self._counter(name, [({}, _zero)])
+        # The CPU tier is vLLM's offloading connector: its hits are the external ones.
+        self._counter("external_prefix_cache_queries", [({}, lambda: stats.external_prefix_cache_queries)])
+        self._counter("external_prefix_cache_hits", [({}, lambda: stats.external_prefix_cache_hits)])
         for name in ("mm_cache_queries", "mm_cache_hits"):
             self._counter(name, [({}, _zero)])
         self._counter("num_preemptions", [({}, lambda: stats.preemptions)])
@@ -225,15 +236,18 @@ class MetricsPage:
             "prompt_tokens_by_source",
             [
                 ({"source": "local_compute"}, lambda: stats.prompt_tokens_computed),
-                ({"source": "local_cache_hit"}, lambda: stats.prompt_tokens_cached),
-                ({"source": "external_kv_transfer"}, _zero),
+                ({"source": "local_cache_hit"}, lambda: stats.prompt_tokens_cached - stats.prompt_tokens_external),
+                ({"source": "external_kv_transfer"}, lambda: stats.prompt_tokens_external),
             ],
         )
         self._counter("prompt_tokens_cached", [({}, lambda: stats.prompt_tokens_cached)])
         self._counter(
             "prompt_tokens_cached_by_source",
-            [({"source": "device"}, lambda: stats.prompt_tokens_cached)]
-            + [({"source": s}, _zero) for s in ("host", "p2p", "disk", "external_unspecified")],
+            [
+                ({"source": "device"}, lambda: stats.prompt_tokens_cached - stats.prompt_tokens_external),
+                ({"source": "host"}, lambda: stats.prompt_tokens_external),
+            ]
+            + [({"source": s}, _zero) for s in ("p2p", "disk", "external_unspecified")],
         )
         self._counter("generation_tokens", [({}, lambda: stats.generation_tokens)])
         self._counter(
@@ -295,7 +309,7 @@ class MetricsPage:
             "kv_cache_memory_bytes": "None",
             "kv_cache_size_tokens": str(profile.num_blocks * core.block_size),
             "kv_offloading_backend": "native",
-            "kv_offloading_size": "None",
+            "kv_offloading_size": _offloading_gib(profile),
             "kv_sharing_fast_prefill": "False",
             "mamba_block_size": "None",
             "mamba_cache_dtype": "auto",

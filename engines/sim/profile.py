@@ -177,6 +177,10 @@ class Profile:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
+    kv_offloading_blocks: int = 0
+    """Blocks of the CPU KV tier (``cpu_tier``; vLLM's ``--kv-offloading-size``); 0: no tier."""
+    kv_bytes_per_token: int = 0
+    """KV cache bytes per token (all layers), to turn GiB into blocks and time copies; 0: unknown."""
     timing: Timing = field(default_factory=Timing)
     speculative: Speculative = field(default_factory=Speculative)
     lora: LoraCosts = field(default_factory=LoraCosts)

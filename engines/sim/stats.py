@@ -73,6 +73,9 @@ class RequestTimes:
     last_token: float | None = None
     preemptions: int = 0
     cached_tokens: int = 0
+    """Prompt tokens not computed: GPU prefix-cache hits and tokens loaded from the CPU tier."""
+    external_tokens: int = 0
+    """Of those, the tokens loaded from the CPU tier."""
     max_tokens: int = 0
 
 
@@ -82,9 +85,13 @@ class EngineStats:
     prompt_tokens: int = 0
     prompt_tokens_computed: int = 0
     prompt_tokens_cached: int = 0
+    prompt_tokens_external: int = 0
+    """Of the cached prompt tokens, those loaded from the CPU tier (``external_kv_transfer``)."""
     generation_tokens: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
     preemptions: int = 0
     finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
     ttft: Histogram = field(init=False)
