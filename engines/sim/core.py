@@ -56,8 +56,10 @@ Scheduling rules (after ``vllm/v1/core/sched/scheduler.py``):
   for reason ``deferred``) while its blocks are copied back, then returns to the front of the queue
   with those tokens computed, their blocks in the GPU prefix cache. Every step offers the blocks its
   requests filled to the tier; the copies end after the step. A step that can schedule nothing while
-  a load is under way lasts until the first load ends. ``prefix_cache_hits`` stays the GPU's; the
-  tier's hits count in ``external_prefix_cache_hits`` and in the request's cached tokens.
+  a load is under way lasts until the first load ends; one that can schedule nothing with no load under
+  way first frees the blocks loaded requests hold while they wait (``_give_back_loaded_blocks``), as the
+  only way forward. ``prefix_cache_hits`` stays the GPU's; the tier's hits count in
+  ``external_prefix_cache_hits`` and in the request's cached tokens.
 """
 
 from __future__ import annotations
@@ -421,6 +423,8 @@ class EngineCore:
             self.offload.finish_stores(now)
             self._finish_loads(now)
         scheduled, preempted = self._schedule(now)
+        if not scheduled and not self._loading and self._give_back_loaded_blocks():
+            scheduled, preempted = self._schedule(now)
         result = StepResult(0.0, preempted=[s.req.id for s in preempted])
         if not scheduled:
             if self._loading:  # nothing to run until a load ends: the engine waits for it
@@ -620,6 +624,20 @@ class EngineCore:
             self._hash_blocks(seq, len(seq.blocks))
             seq.loading = []
             self._enqueue(seq, front=True)
+
+    def _give_back_loaded_blocks(self) -> bool:
+        """Free the blocks that loaded requests hold while they wait; whether any did.
+
+        vLLM's requests keep them until they run, so loads that together hold the GPU's blocks can leave
+        the first in line without room and nothing running to free any: there the simulator lets them go.
+        They stay hashed, so the requests' next lookup finds them in the GPU prefix cache."""
+        held = [s for s in self._seqs.values() if s.status == WAITING and s.blocks]
+        for seq in held:
+            self.cache.free(seq.blocks)
+            seq.blocks = []
+            seq.num_hashed = 0
+            seq.num_computed = 0
+        return bool(held)
 
     def _offer(self, seq: _Seq, start: float) -> None:
         """Offer the tier the blocks ``seq`` has filled since its last offer; the copy starts at ``start``."""

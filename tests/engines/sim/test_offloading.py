@@ -169,3 +169,16 @@ def test_the_flags_take_vllms_gib_or_a_block_count():
         offloading_blocks(
             parse(["--port", "1", "--kv-offloading-size", "4", "--kv-offloading-backend", "lmcache"]), profile
         )
+
+
+def test_requests_holding_loaded_blocks_give_them_back_when_nothing_else_can_run():
+    # Two loads together hold all but one GPU block; the first in line needs two more to go on.
+    core = engine(cpu_blocks=64)
+    x, y = unique_hashes("x", PROMPT), unique_hashes("y", 20)
+    for rid, prompt, hashes in (("x1", PROMPT, x), ("y1", 20, y), ("z", 60, None)):
+        core.add_request(request(rid, prompt, max_tokens=1, hashes=hashes), 0.0)
+        run(core)
+    core.add_request(request("x2", PROMPT + 8, max_tokens=2, hashes=[*x, 1, 2]), 10.0)
+    core.add_request(request("y2", 28, max_tokens=2, hashes=[*y, 3, 4]), 10.0)
+    finished = {o.request_id for _, o in run(core, 10.0, max_steps=1000) if o.finished}
+    assert finished == {"x2", "y2"}
