@@ -14,7 +14,9 @@ The workload (``priority_gateway.simulate.traces.agent_sessions``), every number
 
 Engines: ``--engines`` engines of the ``h200-7b-bf16`` profile (fitted to real vLLM 0.26 on an H200)
 with ``--num-blocks`` KV blocks each, so that the live sessions' contexts (running and paused) exceed
-the pool's KV cache: the run reports that demand against the capacity. Their seats and prefill step
+the pool's KV cache: the run reports that demand against the capacity. ``--kv-offloading-blocks``
+gives each engine a CPU tier of that many blocks below its GPU cache, as vLLM's
+``--kv-offloading-size`` does (``engines/sim/cpu_tier.py``). Their seats and prefill step
 are the interactive profile's (``engines/profiles/interactive.yaml``: 4 and 384 tokens, as the GPU
 runs them), and the gateway's pool declares the seats, as the shipped configuration does.
 
@@ -172,6 +174,7 @@ def setup_for(name: str, args: argparse.Namespace) -> ClusterSetup:
     shipped = dict(arg.removeprefix("--").split("=", 1) for arg in pool_args(INTERACTIVE) if "=" in arg)
     profile = load_profile("h200-7b-bf16").with_overrides(
         num_blocks=args.num_blocks,
+        kv_offloading_blocks=args.kv_offloading_blocks,
         max_num_seqs=int(shipped["max-num-seqs"]),
         max_num_batched_tokens=int(shipped["max-num-batched-tokens"]),
     )
@@ -321,6 +324,13 @@ def main() -> None:
     parser.add_argument(
         "--num-blocks", type=int, default=2340, help="KV blocks per engine (16 tokens; the GPU plan's 37,440 tokens)"
     )
+    parser.add_argument(
+        "--kv-offloading-blocks",
+        type=int,
+        default=0,
+        help="a CPU KV tier of this many blocks per engine (engines/sim/cpu_tier.py: vLLM's native offloading; "
+        "0: none)",
+    )
     parser.add_argument("--system", type=int, default=2048, help="system prompt tokens")
     parser.add_argument("--first-burst", type=int, default=SessionSettings().first_burst)
     parser.add_argument(
@@ -354,6 +364,7 @@ def main() -> None:
             "pause_s": list(shapes.pause_s),
             "engines": args.engines,
             "num_blocks": args.num_blocks,
+            "kv_offloading_blocks": args.kv_offloading_blocks,
             "seeds": seeds,
             "profile": "h200-7b-bf16",
             "shapes_from": stats,
