@@ -1,8 +1,10 @@
 """A CPU KV tier below the GPU prefix cache, after vLLM's native KV offloading (``--kv-offloading-size``).
 
-What vLLM does (0.11 and later, v1 engine; ``--kv-offloading-backend native`` turns
-``--kv-offloading-size`` GiB into ``OffloadingConnector`` with ``cpu_bytes_to_use``), and what this
-module keeps of it:
+What vLLM does, and what this module keeps of it. The ``OffloadingConnector`` came in vLLM 0.11
+(v1 engine). ``--kv-offloading-size`` GiB with ``--kv-offloading-backend native`` configures it
+(``cpu_bytes_to_use`` in ``kv_connector_extra_config``). The files named here are the 0.11-0.17
+layout; later releases moved them under ``vllm/v1/kv_offload/cpu/`` (``spec.py``, ``manager.py``,
+``policies/lru.py``) and ``kv_connector/v1/offloading/scheduler.py``, with the same rules.
 - Size: ``CPUOffloadingSpec`` (``vllm/v1/kv_offload/cpu.py``) holds ``cpu_bytes_to_use // bytes per
   block`` blocks of the GPU's block size. Here: ``blocks_for_size`` with the profile's
   ``kv_bytes_per_token``, or a block count given outright.
@@ -14,8 +16,9 @@ module keeps of it:
   (``BlockRemoved``, medium ``CPU``) or refuses the whole offer when it cannot (retried next step),
   and the copy runs after the step, asynchronously; ``complete_store`` makes the blocks hittable
   and reports them (``BlockStored``, medium ``CPU``, with no parent, token ids or adapter, as the
-  connector's ``take_events`` builds it). A block being stored is not a hit. After an offer, the
-  request's blocks are touched (most recently used).
+  connector's ``take_events`` builds it by default; recent releases can opt in to events carrying
+  them, ``self_describing_kv_events``, not simulated). A block being stored is not a hit. After an
+  offer, the request's blocks are touched (most recently used).
 - Lookup after the GPU hit: ``get_num_new_matched_tokens`` touches all the request's block hashes,
   then counts the consecutive ready blocks from the first one past the GPU hit; a hit is loaded
   asynchronously: the scheduler allocates GPU blocks for the GPU hit and the CPU hit, parks the
@@ -27,9 +30,8 @@ module keeps of it:
   its GPU hit) and ``vllm:external_prefix_cache_hits`` (the loaded tokens); ``vllm:prefix_cache_hits``
   stays the GPU's; a request's cached tokens (``usage.prompt_tokens_details``,
   ``vllm:prompt_tokens_cached``) are both, ``vllm:prompt_tokens_by_source`` splits them into
-  ``local_cache_hit`` and ``external_kv_transfer``. The connector's own transfer metrics
-  (``OffloadPromMetrics``: bytes and seconds per transfer direction) exist only in recent vLLM and
-  are not simulated.
+  ``local_cache_hit`` and ``external_kv_transfer``. The connector's own transfer metrics (later
+  releases' ``OffloadPromMetrics``: bytes and time per transfer direction) are not simulated.
 
 Transfer time, the simulator's own model: one DMA queue per direction, each copy taking
 ``transfer_s_per_block`` per block after the copies queued before it. A block of ``block_size``

@@ -11,8 +11,10 @@ from priority_gateway.core.request import RouteRequest
 from priority_gateway.engines.sim.cli import build_parser, offloading_blocks
 from priority_gateway.engines.sim.core import EngineCore
 from priority_gateway.engines.sim.cpu_tier import CPU
+from priority_gateway.engines.sim.kv_events import encode_batch
 from priority_gateway.engines.sim.metrics import MetricsPage
 from priority_gateway.engines.sim.profile import load_profile
+from priority_gateway.upstream.kv_events import decode_message
 
 from .helpers import request, run, small_profile, unique_hashes
 
@@ -182,3 +184,12 @@ def test_requests_holding_loaded_blocks_give_them_back_when_nothing_else_can_run
     core.add_request(request("y2", 28, max_tokens=2, hashes=[*y, 3, 4]), 10.0)
     finished = {o.request_id for _, o in run(core, 10.0, max_steps=1000) if o.finished}
     assert finished == {"x2", "y2"}
+
+
+def test_the_tiers_events_cross_the_wire_as_the_cpus():
+    events: list[KVEvent] = [BlockStored([7, 8], None, [], BLOCK, medium=CPU), BlockRemoved([7], medium=CPU)]
+    batch = decode_message([b"", (0).to_bytes(8, "big"), encode_batch(events, 1.0)])
+    stored, removed = batch.events
+    assert isinstance(stored, BlockStored) and isinstance(removed, BlockRemoved)
+    assert (list(stored.block_hashes), stored.parent_block_hash, list(stored.token_ids)) == ([7, 8], None, [])
+    assert stored.medium == removed.medium == CPU and list(removed.block_hashes) == [7]
