@@ -543,34 +543,36 @@ class EngineCore:
                     if from_cpu:
                         if not self.cache.can_allocate(from_cpu, hit):
                             break
-                        self._pop_waiting()
-                        self._deferred.discard(seq)
                         self._start_load(seq, hit, from_cpu, now)
                         continue
                 n = min(seq.num_tokens - cached, budget)
                 if not self.cache.can_allocate(self._blocks_needed(cached + n, len(seq.blocks) + len(hit)), hit):
                     break
-                self._pop_waiting()
-                self._deferred.discard(seq)
                 if lora is not None:
                     loras.add(lora.int_id)
-                self._lora_event(seq, RUNNING_EVENT)
-                if hit:
-                    self.cache.touch(hit)
-                    seq.blocks = list(hit)
-                    seq.num_hashed = len(hit)
-                    seq.num_computed = cached
-                self._allocate(seq, n)
-                seq.status = RUNNING
-                running.append(seq)
+                self._admit(seq, hit, n, now)
                 scheduled[seq] = n
                 budget -= n
-                self._record_lookup(seq, cached, 0)
-                if seq.times.scheduled is None:
-                    seq.times.scheduled = now
             for seq in reversed(skipped):
                 self._enqueue(seq, front=True)
         return list(scheduled.items()), preempted
+
+    def _admit(self, seq: _Seq, hit: list[int], n: int, now: float) -> None:
+        """The head of the queue runs: ``hit`` (its GPU prefix hit) and blocks for ``n`` more tokens are its own."""
+        self._pop_waiting()
+        self._deferred.discard(seq)
+        self._lora_event(seq, RUNNING_EVENT)
+        if hit:
+            self.cache.touch(hit)
+            seq.blocks = list(hit)
+            seq.num_hashed = len(hit)
+            seq.num_computed = len(hit) * self.block_size
+        self._record_lookup(seq, seq.num_computed, 0)  # counted already if it was loaded from the CPU tier
+        self._allocate(seq, n)
+        seq.status = RUNNING
+        self._running.append(seq)
+        if seq.times.scheduled is None:
+            seq.times.scheduled = now
 
     def _record_lookup(self, seq: _Seq, local: int, external: int) -> None:
         """Count a request's prefix lookup, on its first admission only (as vLLM's counters)."""
@@ -601,7 +603,10 @@ class EngineCore:
         return offload.tier.lookup(seq.hashes[gpu_blocks:usable])
 
     def _start_load(self, seq: _Seq, hit: list[int], from_cpu: int, now: float) -> None:
+        """The head of the queue waits for ``from_cpu`` blocks past its GPU ``hit`` to come back from the tier."""
         assert self.offload is not None
+        self._pop_waiting()
+        self._deferred.discard(seq)
         self.cache.touch(hit)
         seq.blocks = list(hit) + self.cache.allocate(from_cpu)
         seq.num_hashed = len(hit)
