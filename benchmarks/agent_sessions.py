@@ -179,7 +179,10 @@ def setup_for(name: str, args: argparse.Namespace) -> ClusterSetup:
         max_num_batched_tokens=int(shipped["max-num-batched-tokens"]),
     )
     sessions = SessionSettings(
-        enabled=name.startswith("sessions"), first_burst=args.first_burst, wait_for_engine=name == "sessions_wait"
+        enabled=name.startswith("sessions"),
+        first_burst=args.first_burst,
+        wait_for_engine=name == "sessions_wait",
+        wait_factor=args.wait_factor,
     )
     admission = AdmissionSettings(enabled=name != "vllm_router_consistent_hash", sessions=sessions)
     retention = 1.0 if name in ("sessions_retention", "sessions_wait") else 0.0
@@ -333,6 +336,12 @@ def main() -> None:
     )
     parser.add_argument("--system", type=int, default=2048, help="system prompt tokens")
     parser.add_argument("--first-burst", type=int, default=SessionSettings().first_burst)
+    parser.add_argument(
+        "--wait-factor",
+        type=float,
+        default=SessionSettings().wait_factor,
+        help="sessions_wait: a continuing turn waits for its engine this many times its first token elsewhere",
+    )
     parser.add_argument(
         "--itl-ms", type=float, default=250.0, help="ITL budget (50 ms cannot hold with 8k-token prefill chunks)"
     )

@@ -400,9 +400,13 @@ class SessionsConfig:
     waits; then the oldest of those starts (0: continuing turns get no precedence)."""
     wait_for_engine: bool = _SESSIONS.wait_for_engine
     """A continuing turn whose session's engine is full, while another has room, waits for a seat on
-    its own engine as long as it has waited less than its first token would take on the other
-    (computing its whole context there), and less than half its time left to start; then it moves.
-    Off: it starts wherever there is room at once."""
+    its own engine as long as it has waited less than ``wait_factor`` times its first token would take
+    on the other (computing its whole context there), and less than half its time left to start; then
+    it moves. Off: it starts wherever there is room at once."""
+    wait_factor: Annotated[float, Positive] = _SESSIONS.wait_factor
+    """How long such a turn waits, in its predicted first token on the other engine: moving costs more
+    than the mover's own first token (its context computed again is prefill the other engine's requests
+    wait behind), so it may wait several of them."""
 
     def validated(self) -> SessionsConfig:
         if self.min_hold_s > self.max_hold_s:
@@ -420,6 +424,7 @@ class SessionsConfig:
             self.gap_weight,
             self.first_burst,
             self.wait_for_engine,
+            self.wait_factor,
         )
 
 

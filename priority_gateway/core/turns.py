@@ -90,7 +90,7 @@ class SessionTurns:
         if elsewhere is None:
             return False  # no first token seen yet: nothing to weigh waiting against
         waited = now - req.arrival
-        return waited < elsewhere and waited < (start_by - req.arrival) / 2
+        return waited < self.book.settings.wait_factor * elsewhere and waited < (start_by - req.arrival) / 2
 
     def _held_changed(self, engines: set[str]) -> None:
         for engine_id in engines:

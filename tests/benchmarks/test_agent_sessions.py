@@ -26,6 +26,7 @@ def test_the_cpu_tier_option_gives_every_engine_a_tier_of_that_many_blocks(bench
         num_blocks=1100,
         kv_offloading_blocks=cpu_blocks,
         first_burst=SessionSettings().first_burst,
+        wait_factor=SessionSettings().wait_factor,
         itl_ms=250.0,
         seed=0,
     )
@@ -36,3 +37,13 @@ def test_the_cpu_tier_option_gives_every_engine_a_tier_of_that_many_blocks(bench
         assert all(t is not None and t.tier.capacity == cpu_blocks for t in tiers)
     else:
         assert tiers == [None, None]
+
+
+@pytest.mark.parametrize(("setup", "waits"), [("sessions_wait", True), ("sessions_retention", False)])
+def test_the_wait_factor_option_reaches_the_gateways_sessions(bench, setup, waits):
+    args = argparse.Namespace(
+        engines=2, num_blocks=1100, kv_offloading_blocks=0, first_burst=1, wait_factor=7.5, itl_ms=250.0, seed=0
+    )
+    (dispatcher,) = Cluster(bench.setup_for(setup, args)).dispatchers
+    settings = dispatcher.turns.book.settings
+    assert (settings.wait_for_engine, settings.wait_factor) == (waits, 7.5)
