@@ -211,7 +211,7 @@ class Gateway:
             SessionRecognition(config.sessions.sources, config.sessions.enabled),
         )
         self.kv_feeds: dict[str, KVFeed] = {
-            name: KVFeed(name, pool.kv_events, self.dispatcher, pool.kv_events_topics)
+            name: KVFeed(name, pool.kv_events, self.dispatcher, pool.kv_events_topics, pool.kv_events_replay_port)
             for name, pool in config.pools.items()
             if pool.kv_events
         }

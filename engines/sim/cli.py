@@ -52,6 +52,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--scheduling-policy", choices=(FCFS, PRIORITY), default=FCFS)
+    add_kv_arguments(p)
+    p.add_argument("--enable-prompt-tokens-details", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-level", default="warning")
+    p.add_argument(
+        "--otlp-traces-endpoint",
+        default=None,
+        help="send a span per request to this OTLP endpoint, under the caller's traceparent (as vllm serve)",
+    )
+    p.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this key (as vllm serve)")
+    p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (as vllm serve)")
+    return p
+
+
+def add_kv_arguments(p: argparse.ArgumentParser) -> None:
+    """The KV cache's CPU tier and its events, under vllm serve's names."""
     p.add_argument(
         "--kv-offloading-size",
         type=float,
@@ -71,24 +88,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the CPU tier's size in blocks (simulator only; overrides --kv-offloading-size)",
     )
-    p.add_argument("--scheduling-policy", choices=(FCFS, PRIORITY), default=FCFS)
     p.add_argument(
         "--kv-events-endpoint",
         default=None,
         help="ZMQ endpoint for KV cache events: tcp://*:PORT or ipc:// binds, tcp://HOST:PORT connects",
     )
     p.add_argument("--kv-events-topic", default="")
-    p.add_argument("--enable-prompt-tokens-details", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-level", default="warning")
     p.add_argument(
-        "--otlp-traces-endpoint",
+        "--kv-events-replay-endpoint",
         default=None,
-        help="send a span per request to this OTLP endpoint, under the caller's traceparent (as vllm serve)",
+        help="ZMQ ROUTER endpoint (tcp://*:PORT) answering requests for missed KV event batches "
+        "(vLLM's kv-events-config replay_endpoint)",
     )
-    p.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this key (as vllm serve)")
-    p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (as vllm serve)")
-    return p
+    p.add_argument(
+        "--kv-events-buffer-steps", type=int, default=10_000, help="batches kept for replay (vLLM's buffer_steps)"
+    )
 
 
 def build_server(args: argparse.Namespace) -> SimServer:
@@ -120,7 +134,16 @@ def build_server(args: argparse.Namespace) -> SimServer:
         runtime_updating=runtime_lora_updating(),
     )
     load_lora_modules(core, models, args.lora_modules or [])
-    publisher = ZmqPublisher(args.kv_events_endpoint, args.kv_events_topic) if args.kv_events_endpoint else None
+    publisher = (
+        ZmqPublisher(
+            args.kv_events_endpoint,
+            args.kv_events_topic,
+            replay_endpoint=args.kv_events_replay_endpoint,
+            buffer_steps=args.kv_events_buffer_steps,
+        )
+        if args.kv_events_endpoint
+        else None
+    )
     driver = RealtimeDriver(core, publish=publisher.publish if publisher else None)
     return SimServer(
         driver,

@@ -9,12 +9,19 @@ Rules:
   with vLLM 0.32's fields; block hashes are unsigned 64-bit ints. ``medium`` is the event's own
   (``CPU`` from the CPU tier), ``GPU`` when it names none.
 - Sending never blocks the engine: a message that cannot be queued is dropped, like vLLM's.
+- Replay (vLLM's ``replay_endpoint`` and ``buffer_steps``): the last ``buffer_steps`` messages are
+  kept; a ROUTER socket at the replay endpoint answers a request ``[b"", start seq, 8 bytes]`` with
+  every kept message from that seq on, each ``[b"", topic, seq, payload]``, then ``[b"", b"", -1 as
+  8 signed bytes, b""]``. A thread serves it, as vLLM's publisher thread does, so an idle engine
+  answers too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, assert_never
 
@@ -58,8 +65,18 @@ def encode_batch(events: Sequence[KVEvent], ts: float, dp_rank: int = 0) -> byte
     return packed
 
 
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
 class ZmqPublisher:
-    def __init__(self, endpoint: str, topic: str = "", hwm: int = 100_000) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        topic: str = "",
+        hwm: int = 100_000,
+        replay_endpoint: str | None = None,
+        buffer_steps: int = 10_000,
+    ) -> None:
         self.endpoint = endpoint
         self.topic = topic.encode()
         self.seq = 0
@@ -71,14 +88,51 @@ class ZmqPublisher:
             self._sock.bind(endpoint)
         else:
             self._sock.connect(endpoint)
+        self._kept: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._replay: threading.Thread | None = None
+        if replay_endpoint is not None:
+            router = self._ctx.socket(zmq.ROUTER)
+            router.setsockopt(zmq.LINGER, 0)
+            router.bind(replay_endpoint)
+            self._replay = threading.Thread(
+                target=self._serve_replay, args=(router,), name="kv-events-replay", daemon=True
+            )
+            self._replay.start()
 
     def publish(self, events: Sequence[KVEvent]) -> None:
         if not events:
             return
-        frames = [self.topic, self.seq.to_bytes(8, "big"), encode_batch(events, time.time())]
+        payload = encode_batch(events, time.time())
+        frames = [self.topic, self.seq.to_bytes(8, "big"), payload]
+        if self._replay is not None:
+            with self._lock:
+                self._kept.append((self.seq, payload))
         self.seq += 1
         with contextlib.suppress(zmq.Again):
             self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
 
+    def _serve_replay(self, router: zmq.Socket[bytes]) -> None:
+        try:
+            while not self._stopping.is_set():
+                if not router.poll(100):
+                    continue
+                request = router.recv_multipart()
+                if len(request) != 3 or len(request[2]) != 8:
+                    continue  # vLLM logs and ignores a request of another shape
+                client, _, start = request
+                first = int.from_bytes(start, "big")
+                with self._lock:
+                    kept = [(seq, payload) for seq, payload in self._kept if seq >= first]
+                for seq, payload in kept:
+                    router.send_multipart([client, b"", self.topic, seq.to_bytes(8, "big"), payload])
+                router.send_multipart([client, b"", b"", END_SEQ, b""])
+        finally:
+            router.close(linger=0)
+
     def close(self) -> None:
+        self._stopping.set()
+        if self._replay is not None:
+            self._replay.join(timeout=1.0)
         self._sock.close(linger=0)

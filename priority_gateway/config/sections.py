@@ -171,6 +171,11 @@ class PoolConfig:
     """How engines tokenize prompts, for precise mode: a model directory, or ``sim``."""
     kv_events_topics: dict[str, str] = field(default_factory=dict)
     """Topics engines publish under that are neither their URL nor ``host:port``: topic -> engine URL."""
+    kv_events_replay_port: Annotated[int, Interval(ge=1, le=65535)] | None = None
+    """With ``kv_events: engine-port:PORT``: the port of every engine's replay socket (vLLM's
+    ``--kv-events-config`` ``replay_endpoint``, e.g. ``tcp://*:5558``). After a gap in an engine's
+    events the gateway asks it for the batches it missed and goes on, instead of forgetting what it
+    knew of that engine's cache; it forgets only when the engine no longer keeps them."""
     model: str | None = None
     """A model the pool serves, listed by ``GET /v1/models`` even while no engine answers."""
     models: list[str] = field(default_factory=list)
@@ -217,6 +222,8 @@ class PoolConfig:
                 raise ConfigError("needs tokenizer (a model directory, or sim)", ["kv_events"])
             if self.policy != "prefix":
                 raise ConfigError("needs policy: prefix", ["kv_events"])
+        if self.kv_events_replay_port is not None and not (self.kv_events or "").startswith("engine-port:"):
+            raise ConfigError("needs kv_events: engine-port:PORT", ["kv_events_replay_port"])
         if self.accept_overflow and not self.takes_priority:
             raise ConfigError(
                 "needs scheduling_policy: priority, or interactive requests would queue behind batch work",

@@ -21,6 +21,13 @@ Rules this module owns:
 - A stream is one ``(source, topic)`` pair; its ``seq`` must grow by exactly one.
 - A jump forward is a gap: the batch is still delivered, with ``missed`` = number of
   lost messages; ``stats.gaps`` and ``stats.missed`` count them and a warning is logged.
+- Replay (``connect(..., replay=ENDPOINT)``, vLLM's ``replay_endpoint``): before a batch that
+  opens a gap is delivered, the engine's replay socket is asked for the missed batches
+  (``[b"", first missed seq]`` on a DEALER; answers ``[b"", topic, seq, payload]`` up to
+  ``[b"", b"", -1, b""]``), at most ``max_replay`` of them and within ``replay_timeout_s``; when
+  they come back whole and in order they are delivered first, as if never lost, and the gap closes.
+  Otherwise (the engine keeps fewer, no answer in time) nothing of the answer is delivered and the
+  gap stands. Meanwhile that engine's live batches wait in its socket, so order holds.
 - A step back (or repeat) means the engine restarted and its cache is empty: the batch
   is delivered with ``restarted=True`` and tracking restarts from its ``seq``.
 - The first message of a stream is neither (a late subscriber joins mid-stream).
@@ -81,6 +88,12 @@ class SubscriberStats:
     malformed: int = 0
     unknown_events: int = 0
     callback_errors: int = 0
+    replays: int = 0
+    """Gaps closed by replaying what was missed."""
+    replayed: int = 0
+    """Messages delivered from replays."""
+    replay_failures: int = 0
+    """Replays that did not close their gap (answer short, out of order or late)."""
     last_seq: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
 
 
@@ -165,11 +178,16 @@ class KVEventSubscriber:
         *,
         context: zmq.asyncio.Context | None = None,
         receive_hwm: int = 100_000,
+        replay_timeout_s: float = 1.0,
+        max_replay: int = 10_000,
     ) -> None:
         self._on_batch = on_batch
         self._context = context or zmq.asyncio.Context.instance()
         self._receive_hwm = receive_hwm
+        self._replay_timeout_s = replay_timeout_s
+        self._max_replay = max_replay
         self._sockets: dict[str, tuple[zmq.asyncio.Socket, asyncio.Task[None]]] = {}
+        self._replays: dict[str, str] = {}
         self.stats = SubscriberStats()
 
     @property
@@ -192,16 +210,20 @@ class KVEventSubscriber:
         log.info("kv_events_bound", endpoint=bound)
         return bound
 
-    def connect(self, endpoint: str, topic: str = "") -> None:
-        """Subscribe to an engine that binds its publisher; ``topic`` filters by prefix."""
+    def connect(self, endpoint: str, topic: str = "", replay: str | None = None) -> None:
+        """Subscribe to an engine that binds its publisher; ``topic`` filters by prefix; ``replay``:
+        the engine's replay endpoint, asked for what a gap missed."""
         if endpoint in self._sockets:
             return
         socket = self._socket(topic)
         socket.connect(endpoint)
+        if replay is not None:
+            self._replays[endpoint] = replay
         self._start(endpoint, socket)
-        log.info("kv_events_connected", endpoint=endpoint, topic=topic)
+        log.info("kv_events_connected", endpoint=endpoint, topic=topic, replay=replay)
 
     async def disconnect(self, endpoint: str) -> None:
+        self._replays.pop(endpoint, None)
         entry = self._sockets.pop(endpoint, None)
         if entry is not None:
             await _stop(*entry)
@@ -232,7 +254,57 @@ class KVEventSubscriber:
     async def _pump(self, source: str, socket: zmq.asyncio.Socket) -> None:
         while True:
             frames = await socket.recv_multipart()
+            replay = self._replays.get(source)
+            if replay is not None:
+                await self._fill_gap(source, frames, replay)
             self.receive(source, frames)
+
+    async def _fill_gap(self, source: str, frames: Sequence[bytes], replay: str) -> None:
+        """When ``frames`` would open a gap in its stream, deliver what the gap missed from ``replay``."""
+        if len(frames) != 3 or len(frames[1]) != 8:
+            return  # ``receive`` counts it as malformed
+        topic = bytes(frames[0]).decode("utf-8", errors="replace")
+        previous = self.stats.last_seq.get((source, topic))
+        seq = int.from_bytes(frames[1], "big")
+        if previous is None or not previous + 1 < seq <= previous + 1 + self._max_replay:
+            return
+        missed = await self._replayed(replay, previous + 1, seq)
+        if missed is None:
+            self.stats.replay_failures += 1
+            log.warning("kv_events_replay_failed", source=source, topic=topic, first_seq=previous + 1, seq=seq)
+            return
+        for message in missed:
+            self.receive(source, message)
+        self.stats.replays += 1
+        self.stats.replayed += len(missed)
+        log.info("kv_events_replayed", source=source, topic=topic, first_seq=previous + 1, messages=len(missed))
+
+    async def _replayed(self, endpoint: str, first: int, stop: int) -> list[list[bytes]] | None:
+        """Messages ``first`` to ``stop - 1`` from the replay socket at ``endpoint``, in order; None when
+        the answer does not hold them all within ``replay_timeout_s``."""
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._replay_timeout_s
+        got: list[list[bytes]] = []
+        try:
+            socket.connect(endpoint)
+            await socket.send_multipart([b"", first.to_bytes(8, "big")])
+            while (left := deadline - loop.time()) > 0 and await socket.poll(left * 1000):
+                answer = await socket.recv_multipart()
+                if len(answer) != 4 or len(answer[2]) != 8 or answer[2] == _END_SEQ:
+                    break
+                seq = int.from_bytes(answer[2], "big")
+                if seq >= stop:
+                    continue  # the live socket brings these
+                if seq != first + len(got):
+                    return None
+                got.append(answer[1:])
+        except zmq.ZMQError:
+            return None
+        finally:
+            socket.close(linger=0)
+        return got if len(got) == stop - first else None
 
     def receive(self, source: str, frames: Sequence[bytes]) -> KVEventBatch | None:
         """Decode, sequence-check and deliver one message (the socket pump calls this)."""
@@ -271,6 +343,10 @@ class KVEventSubscriber:
         self.stats.missed += missed
         log.warning("kv_events_gap", source=source, topic=topic, expected_seq=previous + 1, seq=seq, missed=missed)
         return missed, False
+
+
+_END_SEQ = (-1).to_bytes(8, "big", signed=True)
+"""The seq frame that ends a replay's answer (vLLM's ``ZmqEventPublisher.END_SEQ``)."""
 
 
 async def _stop(socket: zmq.asyncio.Socket, task: asyncio.Task[None]) -> None:

@@ -6,6 +6,8 @@ Rules:
   ``kv_events_topics``) as topic.
 - ``engine-port:PORT``: engines bind their publisher on PORT; the gateway subscribes to each
   engine it watches (static or discovered) at that port of the engine's host.
+- With ``replay_port`` (``engine-port:`` only), a gap is first filled from the engine's replay socket
+  at that port (``kv_events``); what it cannot fill stands.
 - A gap in an engine's sequence (lost messages) or a restart makes what the gateway knows of
   that engine unreliable: it is forgotten, and rebuilt from the events that follow.
 """
@@ -20,9 +22,17 @@ from priority_gateway.upstream.kv_events import KVEventBatch, KVEventSubscriber
 
 
 class KVFeed:
-    def __init__(self, pool: str, spec: str, dispatcher: Dispatcher, topics: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        pool: str,
+        spec: str,
+        dispatcher: Dispatcher,
+        topics: dict[str, str] | None = None,
+        replay_port: int | None = None,
+    ) -> None:
         self.pool = pool
         self.spec = spec
+        self.replay_port = replay_port
         self.dispatcher = dispatcher
         self.subscriber = KVEventSubscriber(self._on_batch)
         self._by_source: dict[str, str] = {}
@@ -44,10 +54,10 @@ class KVFeed:
         self._by_topic[engine_id] = engine_id
         self._by_topic[f"{host}:{parts.port or 80}"] = engine_id
         if self.connects:
-            port = int(self.spec.removeprefix("engine-port:"))
-            endpoint = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+            endpoint = _tcp(host, int(self.spec.removeprefix("engine-port:")))
             self._by_source[endpoint] = engine_id
-            self.subscriber.connect(endpoint)
+            replay = _tcp(host, self.replay_port) if self.replay_port is not None else None
+            self.subscriber.connect(endpoint, replay=replay)
 
     async def engine_removed(self, engine_id: str) -> None:
         for endpoint in [s for s, e in self._by_source.items() if e == engine_id]:
@@ -67,3 +77,7 @@ class KVFeed:
 
     async def close(self) -> None:
         await self.subscriber.close()
+
+
+def _tcp(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"

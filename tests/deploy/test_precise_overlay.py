@@ -46,7 +46,9 @@ def test_engines_run_the_profile_and_publish_kv_events_on_a_declared_port(pool: 
     events = json.loads(flag.partition("=")[2])
     assert events["enable_kv_cache_events"] is True and events["publisher"] == "zmq"
     port = int(events["endpoint"].rsplit(":", 1)[1])
-    assert {p["name"]: p["containerPort"] for p in spec["ports"]}["kv-events"] == port
+    replay = int(events["replay_endpoint"].rsplit(":", 1)[1])
+    ports = {p["name"]: p["containerPort"] for p in spec["ports"]}
+    assert (ports["kv-events"], ports["kv-replay"]) == (port, replay)
 
 
 def test_gateway_config_turns_on_precise_mode_where_the_engines_publish(tmp_path: Path) -> None:
@@ -57,8 +59,9 @@ def test_gateway_config_turns_on_precise_mode_where_the_engines_publish(tmp_path
     assert tokenizer_mount["readOnly"] is True
     for pool in POOLS:
         engine = container(find(docs, "Deployment", f"vllm-{pool}"))
-        port = {p["name"]: p["containerPort"] for p in engine["ports"]}["kv-events"]
-        assert config.pools[pool].kv_events == f"engine-port:{port}"
+        ports = {p["name"]: p["containerPort"] for p in engine["ports"]}
+        assert config.pools[pool].kv_events == f"engine-port:{ports['kv-events']}"
+        assert config.pools[pool].kv_events_replay_port == ports["kv-replay"]
         assert config.pools[pool].tokenizer == tokenizer_mount["mountPath"]
 
 

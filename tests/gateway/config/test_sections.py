@@ -245,6 +245,19 @@ def test_wrong_types_and_values_out_of_range_name_the_key(section, message):
             "pools.p.kv_events: needs policy: prefix",
         ),
         ({"engines": ["http://x"], "kv_events_topics": ["a"]}, "pools.p.kv_events_topics: expected a mapping"),
+        (
+            {
+                "engines": ["http://x"],
+                "kv_events": "tcp://0.0.0.0:5557",
+                "tokenizer": "sim",
+                "kv_events_replay_port": 5558,
+            },
+            "pools.p.kv_events_replay_port: needs kv_events: engine-port:PORT",
+        ),
+        (
+            {"engines": ["http://x"], "kv_events": "engine-port:5557", "tokenizer": "sim", "kv_events_replay_port": 0},
+            "pools.p.kv_events_replay_port: must be >= 1, got 0",
+        ),
         ({"engines": ["http://x"], "api_key": 1234}, "pools.p.api_key: expected a string (quote it)"),
     ],
 )

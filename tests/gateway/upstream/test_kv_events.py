@@ -16,6 +16,9 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from priority_gateway.core.kv_events import BlockRemoved as CoreBlockRemoved
+from priority_gateway.engines.sim.kv_events import ZmqPublisher
+from priority_gateway.loopback import free_port
 from priority_gateway.upstream.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -258,3 +261,98 @@ async def test_binding_a_taken_endpoint_raises_and_keeps_nothing_open(
         with pytest.raises(zmq.ZMQError):
             second.bind(endpoint)
         assert second.endpoints == []
+
+
+# -- replay: the engine's replay socket fills a gap (the simulator's publisher speaks vLLM's protocol) --
+
+
+def engine_with_replay(buffer_steps: int = 10_000) -> tuple[ZmqPublisher, str, str]:
+    """An engine that binds its publisher and its replay socket, as ``tcp://*:PORT`` tells vLLM to."""
+    port, replay_port = free_port(), free_port()
+    pub = ZmqPublisher(f"tcp://*:{port}", replay_endpoint=f"tcp://*:{replay_port}", buffer_steps=buffer_steps)
+    return pub, f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay_port}"
+
+
+async def publish_until_received(pub: ZmqPublisher, received: Received) -> KVEventBatch:
+    """Publish until a batch arrives (a new subscription takes a moment to reach the publisher)."""
+    for _ in range(200):
+        pub.publish([CoreBlockRemoved([pub.seq])])
+        try:
+            return await asyncio.wait_for(received.queue.get(), timeout=0.05)
+        except TimeoutError:
+            continue
+    raise AssertionError("no batch arrived")
+
+
+async def lose_three(subscriber: KVEventSubscriber, pub: ZmqPublisher, endpoint: str, replay: str | None) -> None:
+    """The subscriber drops its connection while the engine publishes three batches, then comes back."""
+    await subscriber.disconnect(endpoint)
+    for _ in range(3):
+        pub.publish([CoreBlockRemoved([pub.seq])])
+    subscriber.connect(endpoint, replay=replay)
+
+
+async def drain(received: Received) -> list[KVEventBatch]:
+    out = []
+    while not received.queue.empty():
+        out.append(received.queue.get_nowait())
+    return out
+
+
+async def test_a_gap_is_filled_from_the_engines_replay_socket_in_order(
+    subscriber: KVEventSubscriber, received: Received
+) -> None:
+    pub, endpoint, replay = engine_with_replay()
+    try:
+        subscriber.connect(endpoint, replay=replay)
+        first = await publish_until_received(pub, received)
+        await lose_three(subscriber, pub, endpoint, replay)
+        after = await publish_until_received(pub, received)
+        batches = [first, after, *await drain(received)]
+        seqs = [b.seq for b in batches]
+        # Delivered: the first, every batch lost in between (replayed), then the live one, in order.
+        assert seqs == list(range(first.seq, first.seq + len(seqs)))
+        assert [list(e.block_hashes) for b in batches for e in b.events] == [[s] for s in seqs]
+        assert all(b.missed == 0 and not b.restarted for b in batches)
+        stats = subscriber.stats
+        assert (stats.gaps, stats.missed, stats.replays, stats.replay_failures) == (0, 0, 1, 0)
+        assert stats.replayed >= 3
+    finally:
+        pub.close()
+
+
+async def test_a_gap_the_engine_no_longer_keeps_stands(subscriber: KVEventSubscriber, received: Received) -> None:
+    pub, endpoint, replay = engine_with_replay(buffer_steps=1)
+    try:
+        subscriber.connect(endpoint, replay=replay)
+        first = await publish_until_received(pub, received)
+        await lose_three(subscriber, pub, endpoint, replay)
+        after = await publish_until_received(pub, received)
+        assert after.missed == after.seq - first.seq - 1 >= 3  # nothing replayed: the gap is reported
+        stats = subscriber.stats
+        assert (stats.gaps, stats.replays, stats.replay_failures, stats.replayed) == (1, 0, 1, 0)
+    finally:
+        pub.close()
+
+
+async def test_a_replay_socket_that_does_not_answer_costs_its_timeout_and_the_gap_stands(
+    context: zmq.asyncio.Context, received: Received
+) -> None:
+    pub, endpoint, _ = engine_with_replay()
+    silent = context.socket(zmq.ROUTER)  # takes the request, never answers
+    silent.setsockopt(zmq.LINGER, 0)
+    silent.bind("tcp://127.0.0.1:*")
+    try:
+        async with KVEventSubscriber(received, context=context, replay_timeout_s=0.2) as subscriber:
+            nowhere = silent.getsockopt_string(zmq.LAST_ENDPOINT)
+            subscriber.connect(endpoint, replay=nowhere)
+            first = await publish_until_received(pub, received)
+            await lose_three(subscriber, pub, endpoint, nowhere)
+            started = time.monotonic()
+            after = await publish_until_received(pub, received)
+            assert time.monotonic() - started < 3
+            assert after.missed >= 3 and after.seq > first.seq + 3
+            assert (subscriber.stats.replay_failures, subscriber.stats.replays) == (1, 0)
+    finally:
+        silent.close()
+        pub.close()
