@@ -237,6 +237,8 @@ SIM_FLAGS = (
     "--scheduling-policy",
     "--enable-prefix-caching",
     "--enable-prompt-tokens-details",
+    "--kv-offloading-size",
+    "--kv-offloading-backend",
 )
 
 

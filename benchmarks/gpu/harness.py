@@ -41,6 +41,7 @@ import urllib.request
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import engine_args
@@ -829,8 +830,18 @@ def _fleet_itl(setup: Setup, folder: str, args: list[str], total: float) -> None
 
 
 SESSIONS_KV_BYTES = 2 * 1024**3
-"""The sessions plan's KV cache per engine: ~37k tokens (of 18.4 KB each, bf16, 4 KV heads of 128 x 28
-layers), so four engines hold ~150k tokens while the live agent sessions' contexts ask for more."""
+"""The sessions plan's KV cache per engine: ~37k tokens (of 57,344 bytes each: bf16 K and V, 4 KV heads
+of 128, 28 layers), so four engines hold ~150k tokens while the live agent sessions' contexts ask for more."""
+SESSIONS_CPU_TIER = (
+    (
+        "--kv-offloading-size",
+        str(4 * SESSIONS_KV_BYTES // 1024**3),
+        "the sessions-tier plan: a CPU tier 4x the GPU's KV cache (vLLM's native offloading), as the "
+        "simulator's agent_sessions runs compare (benchmarks/results/agent_sessions/)",
+    ),
+    ("--kv-offloading-backend", "native", "the sessions-tier plan: vLLM's own CPU offloading"),
+)
+"""The experiment's flags of the sessions-tier plan's engines (GiB, as vllm serve takes them)."""
 SESSION_FRONTS = {
     "ours-prefix": {"sessions": {"enabled": False}},
     "ours-sessions": {
@@ -847,7 +858,7 @@ SESSION_FRONTS = {
 }
 
 
-def sessions_steps(setup: Setup) -> list[tuple[str, float, Callable[[], None]]]:
+def sessions_steps(setup: Setup, plan: str = "sessions") -> list[tuple[str, float, Callable[[], None]]]:
     """Agent sessions closed loop (``benchmarks/agent_sessions_client.py``) through each front in turn:
     the gateway with sessions off, on, on with retention, on with retention and continuing turns waiting
     for their sessions' engines (the default; admission on, the shipped seats, interactive ITL budget
@@ -856,12 +867,13 @@ def sessions_steps(setup: Setup) -> list[tuple[str, float, Callable[[], None]]]:
     seconds, limit = setup.seconds(40), setup.seconds(100)
     steps = []
     for front in SESSION_FRONTS:
-        steps.append((f"sessions {front}", limit + 20, lambda f=front: agent_sessions_run(setup, f, seconds, limit)))
+        run = partial(agent_sessions_run, setup, front, seconds, limit, plan)
+        steps.append((f"{plan} {front}", limit + 20, run))
     return steps
 
 
-def agent_sessions_run(setup: Setup, front: str, seconds: float, limit: float) -> None:
-    folder = RES / "sessions" / front
+def agent_sessions_run(setup: Setup, front: str, seconds: float, limit: float, plan: str = "sessions") -> None:
+    folder = RES / plan / front
     folder.mkdir(parents=True, exist_ok=True)
     reset_caches(setup.urls)
     config = None
@@ -1270,6 +1282,9 @@ def plan_steps(setup: Setup, name: str) -> list[Step]:
         return fleet_shipped_steps(setup, runs)
     if name == "sessions":  # four engines of the interactive pool's profile, each a small KV cache
         return [Step(n, e, run, (EngineSpec("interactive"),) * 4) for n, e, run in sessions_steps(setup)]
+    if name == "sessions-tier":  # the same, each with a CPU tier behind its small KV cache
+        tiered = (EngineSpec("interactive", SESSIONS_CPU_TIER),) * 4
+        return [Step(n, e, run, tiered) for n, e, run in sessions_steps(setup, name)]
     layout = calibration_layout(setup.engines)
     return [Step(n, e, run, layout) for n, e, run in calibration_plan_steps(setup, name)]
 
@@ -1500,6 +1515,7 @@ def main() -> None:
         "fleet-itl",
         "fleet-itl-pinned",
         "sessions",
+        "sessions-tier",
     )
     p.add_argument("--plan", default="full", choices=plans)
     p.add_argument("--budget-s", type=float, default=1300.0, help="the plan's whole time, engine start included")
@@ -1540,7 +1556,7 @@ def main() -> None:
         setup.state.update(capacity_rps=args.capacity_rps, capacity_source=args.capacity_source)
     if args.action == "steps":
         return show_steps(setup, args.plan, args.budget_s)
-    if args.plan == "sessions":
+    if args.plan in ("sessions", "sessions-tier"):
         setup.kv_cache_bytes = SESSIONS_KV_BYTES
     if args.action == "launch":
         return launch(setup, args.plan, args.budget_s)

@@ -147,6 +147,28 @@ def test_the_budgets_plan_starts_the_pools_as_shipped(gpu):
         assert record["shipped_args"] == profile(spec.pool)["args"]
 
 
+def test_the_sessions_tier_plan_gives_every_engine_a_cpu_tier_vllm_026_takes(gpu):
+    """Its engines are the sessions plan's (the interactive profile, a small KV cache) plus vLLM's native
+    offloading at 4x that cache, named as experiment flags; the dry run's simulator gets the same tier."""
+    _, harness = gpu
+    setup = harness.Setup(dry=False, gpus=1, kv_cache_bytes=harness.SESSIONS_KV_BYTES)
+    steps = harness.plan_steps(setup, "sessions-tier")
+    assert [s.name for s in steps] == [f"sessions-tier {front}" for front in harness.SESSION_FRONTS]
+    layout = steps[0].layout
+    assert [spec.pool for spec in layout] == ["interactive"] * 4
+    cmd, record = harness.engine_command(setup, layout[0], 0, 4)  # check_026 passes inside
+    values = flag_values(cmd[3:])
+    assert values["--kv-offloading-size"] == "8" and values["--kv-offloading-backend"] == "native"
+    assert int(values["--kv-cache-memory-bytes"]) == harness.SESSIONS_KV_BYTES
+    added = {s["flag"]: s for s in record["substitutions"] if s["shipped"] is None}
+    assert "sessions-tier" in added["--kv-offloading-size"]["why"]
+    plain = harness.plan_steps(setup, "sessions")[0].layout[0]
+    assert "--kv-offloading-size" not in flag_values(harness.engine_command(setup, plain, 0, 4)[0][3:])
+    dry = harness.dry_setup(4, 0.15, "h200-7b-bf16")
+    sim_args = harness.engine_command(dry, layout[0], 0, 4)[0][3:]
+    assert sim_args[sim_args.index("--kv-offloading-size") + 1] == "8"
+
+
 @pytest.mark.usefixtures("gpu")  # vllm_flags is imported from the lane's folder
 def test_the_flag_list_is_read_from_the_wheels_parser(tmp_path):
     """``vllm_flags.py`` on a wheel of a few lines: explicit flags, their --no- forms, the frontend's
