@@ -57,6 +57,8 @@ from priority_gateway.simulate.traces import TraceRequest, load_trace
 METRICS = ("goodput_rps", "ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms")
 TOLERANCE = 0.15
 PROFILE = "h200-7b-bf16"
+TAIL_SCALE = 1.0
+"""``--tail-scale``: the profile's step tail times this (``Profile.with_tail_scaled``)."""
 
 
 def _admission(run: dict[str, Any]) -> AdmissionSettings:
@@ -67,7 +69,7 @@ def _admission(run: dict[str, Any]) -> AdmissionSettings:
 
 
 def _profile(engines: list[dict[str, Any]]):
-    profile = load_profile(PROFILE)
+    profile = load_profile(PROFILE).with_tail_scaled(TAIL_SCALE)
     if not engines:
         return profile
     values = engine_args.flag_values(engines[0].get("device_args") or [])
@@ -248,6 +250,7 @@ def run(folders: list[Path], out: Path, traces: Path | None, provenance: envelop
     }
     summary = {
         "profile": PROFILE,
+        "tail_scale": TAIL_SCALE,
         "tolerance": TOLERANCE,
         "within_15pct_share": {k: round(sum(v) / len(v), 3) if v else None for k, v in within.items()},
         "misses": [
@@ -317,7 +320,10 @@ def main() -> None:
     )
     p.add_argument("--traces", type=Path, default=Path(__file__).resolve().parents[1] / "traces")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--tail-scale", type=float, default=1.0, help="the profile's step tail times this")
     args = p.parse_args()
+    global TAIL_SCALE
+    TAIL_SCALE = args.tail_scale
     provenance = envelope.start()
     if args.predict is not None:
         predicted = predict(args.predict, args.out, args.traces, provenance)

@@ -190,6 +190,12 @@ class Profile:
         """A copy with the given engine fields changed (``None`` values are ignored)."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
+    def with_tail_scaled(self, factor: float) -> Profile:
+        """A copy whose steps' tail beyond their modelled cost is ``factor`` times this one's: the tail
+        is the part that varies from one machine of a kind to the next."""
+        tail = tuple(q * factor for q in self.timing.tail_quantiles_ms)
+        return replace(self, timing=replace(self.timing, tail_quantiles_ms=tail))
+
     def with_constant_step(self, step_ms: float) -> Profile:
         """Every step takes ``step_ms`` whatever it does (``--token-delay-ms``)."""
         return replace(self, timing=Timing(overhead_ms=step_ms), speculative=Speculative(), lora=LoraCosts(0, 0, 0, 0))

@@ -67,3 +67,11 @@ def test_the_api_servers_share_grows_with_the_prompt_not_the_steps():
     assert timing.request_s(1000) == pytest.approx(0.022)
     assert timing.step_s(0, 1, 1, 1000) == pytest.approx(0.005)
     assert load_profile("h200-7b-bf16").timing.request_s(0) > 0
+
+
+def test_a_scaled_tail_scales_every_quantile_and_nothing_else():
+    profile = load_profile("h200-7b-bf16")
+    scaled = profile.with_tail_scaled(0.7)
+    assert scaled.timing.tail_quantiles_ms == pytest.approx([0.7 * q for q in profile.timing.tail_quantiles_ms])
+    assert max(scaled.timing.tail_quantiles_ms) < max(profile.timing.tail_quantiles_ms)
+    assert scaled.timing.overhead_ms == profile.timing.overhead_ms and scaled.num_blocks == profile.num_blocks
