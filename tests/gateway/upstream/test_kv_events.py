@@ -356,3 +356,44 @@ async def test_a_replay_socket_that_does_not_answer_costs_its_timeout_and_the_ga
     finally:
         silent.close()
         pub.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(lambda first: [[b"", b"", (first + 1).to_bytes(8, "big"), b"x"]], id="skips-the-first-missed"),
+        pytest.param(lambda first: [[b"", b"", first.to_bytes(8, "big")]], id="malformed"),
+        pytest.param(lambda first: [[b"", b"", first.to_bytes(8, "big"), b"not msgpack"]] * 50, id="repeats-forever"),
+    ],
+)
+async def test_a_replay_answer_that_does_not_hold_the_gap_in_order_leaves_the_gap_standing(
+    context: zmq.asyncio.Context, received: Received, answer
+) -> None:
+    """An engine's replay socket is not trusted to be right: an answer that skips, breaks the format or
+    repeats itself delivers nothing of it, and the batch that opened the gap says what was missed."""
+    pub, endpoint, _ = engine_with_replay()
+    liar = context.socket(zmq.ROUTER)
+    liar.setsockopt(zmq.LINGER, 0)
+    liar.bind("tcp://127.0.0.1:*")
+
+    async def serve() -> None:
+        while True:
+            client, _, start = await liar.recv_multipart()
+            for frames in answer(int.from_bytes(start, "big")):
+                await liar.send_multipart([client, *frames])
+
+    server = asyncio.get_running_loop().create_task(serve())
+    try:
+        async with KVEventSubscriber(received, context=context, replay_timeout_s=0.3) as subscriber:
+            replay = liar.getsockopt_string(zmq.LAST_ENDPOINT)
+            subscriber.connect(endpoint, replay=replay)
+            first = await publish_until_received(pub, received)
+            await lose_three(subscriber, pub, endpoint, replay)
+            after = await publish_until_received(pub, received)
+            assert after.missed == after.seq - first.seq - 1 >= 3
+            stats = subscriber.stats
+            assert (stats.replay_failures, stats.replays, stats.replayed, stats.malformed) == (1, 0, 0, 0)
+    finally:
+        server.cancel()
+        liar.close()
+        pub.close()
