@@ -68,6 +68,15 @@ def _admission(run: dict[str, Any]) -> AdmissionSettings:
     return admission_settings(parse_config(config))
 
 
+def _seats(run: dict[str, Any]) -> int | None:
+    """The engines' seats as the front's interactive pool declares them (None: undeclared, or no gateway)."""
+    config = run.get("gateway_config")
+    if config is None:
+        return None
+    pool = parse_config(config).pools.get(INTERACTIVE)
+    return pool.max_num_seqs if pool is not None else None
+
+
 def _profile(engines: list[dict[str, Any]]):
     profile = load_profile(PROFILE).with_tail_scaled(TAIL_SCALE)
     if not engines:
@@ -124,7 +133,7 @@ def simulate_sweep(sweep: dict[str, Any], run: dict[str, Any], engines: list[dic
         trace += reqs
     budget_ms = (sweep["budget_ms"]["ttft_p99"], sweep["budget_ms"]["itl_p99"])
     setup = ClusterSetup(
-        [PoolSetup(INTERACTIVE, 1, _profile(engines))],
+        [PoolSetup(INTERACTIVE, 1, _profile(engines), seats=_seats(run))],
         "prefix",
         _admission(run),
         {INTERACTIVE: Budget(budget_ms[0] / 1000.0, budget_ms[1] / 1000.0)},

@@ -197,8 +197,9 @@ class PoolConfig:
     """The engines' ``--max-num-seqs`` (the requests each runs at once): given, no engine of the pool gets
     more at once (its learned concurrency limit never grows past it), so the requests beyond wait in the
     gateway's queue, which orders them, sheds them and refuses them by their TTFT budget, instead of in the
-    engine, where they wait unbounded for a running request to end; null: learned from the engines'
-    scrapes (requests held waiting beside the same number running)."""
+    engine, where they wait unbounded for a running request to end, and what an engine holds waiting below
+    them counts as waiting for a step's prefill budget; null: learned from the engines' scrapes (requests
+    held waiting beside the same number running, which a chunked-prefill engine can show by chance)."""
     shares_hardware_with: str | None = None
     """Another pool whose engines run on the same GPUs as this one's (e.g. a batch pool beside the
     interactive pool on one device): this pool's engines then learn their concurrency limits from that

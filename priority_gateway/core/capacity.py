@@ -81,6 +81,7 @@ def pool_limit_settings(base: LimitSettings, seats: int | None, beside: bool) ->
         initial=min(settings.initial, cap),
         minimum=min(settings.minimum, cap),
         unbudgeted=min(settings.unbudgeted, cap),
+        seats=cap,
     )
 
 

@@ -52,12 +52,16 @@ Rules:
     prefill stalls is close (decode gaps of 35-43 ms under a 50 ms budget), and a jump of half the limit
     crossed it before the evidence came in (at 0.9, ``benchmarks/admission.py``'s Azure sweep ran ITL
     p99 83.6 ms at 2x; at 0.8, 48.2 ms, with the GPU scenes' growth unchanged);
-  - full: an engine whose scrapes show it holding requests waiting (vLLM's ``num_requests_waiting``)
-    beside the same number running, ``queue_scrapes`` in a row, runs all it will: a limit above what it
-    runs only moves the wait into the engine, where nobody orders, sheds or counts it against the
-    TTFT budget, while the gaps of those running stay within budget. The limit comes down to what it
-    runs, the level above that is found over budget, and nothing grows while it stays full (a request
-    waiting for a step's prefill budget, beside a number running that changes, is not this);
+  - full (only where the pool does not declare the engines' seats): an engine whose scrapes show it
+    holding requests waiting (vLLM's ``num_requests_waiting``) beside the same number running,
+    ``queue_scrapes`` in a row, runs all it will: a limit above what it runs only moves the wait into
+    the engine, where nobody orders, sheds or counts it against the TTFT budget, while the gaps of
+    those running stay within budget. The limit comes down to what it runs, the level above that is
+    found over budget, and nothing grows while it stays full (a request waiting for a step's prefill
+    budget, beside a number running that changes, is not this). A chunked-prefill engine short of its
+    prefill budget can show the same number running twice by chance: on an H100 running 256 seats the
+    rule once took 34 for its seats and held the limit there for a minute while the queue refused a
+    fifth of the traffic, so declared seats (``seats``) turn it off;
   - recover: below ``initial`` (the probe level), one step up once ``recover_s`` passed without a
     shrink or a step and without the next level found over budget: a limit learned under an
     overload climbs back when the engine idles or evidence is missing (no evidence is not bad
@@ -111,6 +115,10 @@ class LimitSettings:
     queue_scrapes: int = 2
     """Scrapes in a row that must show the engine holding requests waiting while it runs the same number,
     before that number counts as all it runs."""
+    seats: float | None = None
+    """The engine's ``--max-num-seqs`` as its pool declares it: declared, the limit never passes it and no
+    number of requests running is taken for the engine's seats (what it holds waiting below them waits for
+    a step's prefill budget); None: learned from the engine's queue, as ``full`` above says."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +322,8 @@ class ConcurrencyLimit:
             self._queueing, self._seats = 1, running
         # What it carries: a request waiting for a step's prefill budget is carried (the next steps take
         # it); one waiting beside the same number running, scrape after scrape, waits for a seat.
-        self._carried = max(self._carried, running + waiting if self._queueing <= 1 else running)
+        seat_bound = self._queueing > 1 and self.settings.seats is None
+        self._carried = max(self._carried, running if seat_bound else running + waiting)
 
     def note_load(self, load: float) -> None:
         if load > self._peak:
@@ -352,7 +361,7 @@ class ConcurrencyLimit:
         if not lead:
             return False
         engine = self._engine_verdict(evidence, now) if over else None
-        full = self._queueing >= s.queue_scrapes
+        full = self._queueing >= s.queue_scrapes and s.seats is None
         if engine is not None:
             self.reason = engine  # the engine's own figures are awaited, or say it is on time
         elif worst is not None:

@@ -295,6 +295,36 @@ def test_requests_waiting_for_a_prefill_budget_count_as_carried():
     assert limit.limit >= 20
 
 
+def prefill_bound(settings: LimitSettings, seconds: float = 120.0) -> tuple[ConcurrencyLimit, set[str]]:
+    """A chunked-prefill engine short of its prefill budget, with seats to spare: it holds the two newest
+    requests waiting for the next steps' prefill, so each scrape shows the same number running."""
+    limit = ConcurrencyLimit(0.05, settings, 0.0)
+    t, step, reasons = 0.0, 1.0 / 30, set()
+    while t < seconds:
+        load = int(limit.limit)
+        for _ in range(load):
+            limit.observe_itl(0.01, load, t)
+        limit.note_load(load)
+        waiting = 2 if load >= 4 else 0
+        limit.note_engine_queue(load - waiting, waiting, float(math.floor(t)))
+        t += step
+        limit.update(t, load)
+        reasons.add(limit.reason)
+    return limit, reasons
+
+
+@pytest.mark.untraced
+def test_declared_seats_keep_a_steady_prefill_queue_from_passing_for_them():
+    # Undeclared, the same number running beside requests waiting, scrape after scrape, is all the engine
+    # seats: the limit stops there. (A real H100 with 256 seats once showed 34 running twice and held its
+    # limit at 34.) The pool that declares the engine's --max-num-seqs knows better.
+    learned, reasons = prefill_bound(LimitSettings())
+    assert "engine_queueing" in reasons and learned.limit < 8
+    declared, reasons = prefill_bound(LimitSettings(seats=256.0, maximum=256.0))
+    assert "engine_queueing" not in reasons
+    assert declared.limit >= 20
+
+
 def test_a_moment_of_waiting_in_one_scrape_is_no_queue():
     limit = ConcurrencyLimit(0.05, LimitSettings(), 0.0)
     limit.limit = 8.0
