@@ -455,8 +455,28 @@ def engines_up(setup: Setup) -> bool:
     return all(http(url + "/health")[0] == 200 for url in setup.urls)
 
 
-def reset_caches(urls: list[str]) -> list[int]:
-    return [http(url + "/reset_prefix_cache", "POST", timeout=30)[0] for url in urls]
+def reset_caches(urls: list[str], tries: int = 10, pause_s: float = 1.0) -> list[int]:
+    """Empty every engine's prefix cache and its KV connector's (the CPU tier of ``--kv-offloading-size``,
+    which a plain reset keeps: fronts run one after another would find each other's blocks there); vLLM
+    answers ``success: false`` while blocks are held (a request or an offload still running), so try again.
+    Each engine's status: 200 once a reset succeeded."""
+    codes = []
+    for url in urls:
+        code = 0
+        for _ in range(tries):
+            code, body = http(url + "/reset_prefix_cache?reset_external=true", "POST", timeout=30)
+            try:
+                done = code != 200 or json.loads(body or b"{}").get("success", True) is not False
+            except ValueError:
+                done = True
+            if done:
+                break
+            code = 409
+            time.sleep(pause_s)
+        if code != 200:
+            log(f"prefix cache of {url} not reset: {code}")
+        codes.append(code)
+    return codes
 
 
 def save_metrics(urls: list[str], folder: Path, tag: str) -> None:
@@ -978,7 +998,8 @@ SEATS_WHY = (
     "budgets; the profile's 4 is where NVFP4 Gemma 4 holds them, not this 7B"
 )
 CAP_WHY = "the experiment's variable: a static concurrency cap in the engine, as an operator would tune it by hand"
-SINGLE: Layout = (EngineSpec("interactive", (("--max-num-seqs", "256", SEATS_WHY),)),)
+SINGLE_SEATS = 256
+SINGLE: Layout = (EngineSpec("interactive", (("--max-num-seqs", str(SINGLE_SEATS), SEATS_WHY),)),)
 SHIPPED_FLEET: Layout = (EngineSpec("interactive"),) * 2 + (EngineSpec("batch"),) * 2
 BUDGET = {"ttft_p99_ms": 500, "itl_p99_ms": 50}
 POISSON_FRACTIONS = (0.4, 0.75, 1.0, 1.3, 2.0)
@@ -1033,10 +1054,11 @@ def capacity(setup: Setup) -> tuple[float, str]:
 
 
 def budgets_front(front: str, url: str) -> dict | None:
-    """The gateway's configuration for ``front`` (None: not the gateway)."""
+    """The gateway's configuration for ``front`` (None: not the gateway). Its pool declares the engine's
+    seats, as the shipped configuration declares its pools' (``deploy/base/gateway/gateway.yaml``)."""
     front = front_kind(front)
     base = {
-        "pools": {"interactive": {"engines": [url], "policy": "prefix"}},
+        "pools": {"interactive": {"engines": [url], "policy": "prefix", "max_num_seqs": SINGLE_SEATS}},
         "classes": {"interactive": dict(BUDGET)},
         "log_level": "info",
         "access_log": False,
@@ -1409,6 +1431,12 @@ def unpack(carry: Path) -> None:
         subprocess.run(["tar", "-xJf", str(joined), "-C", str(site)], check=True)
         joined.unlink()
         log("bundle unpacked")
+    # The project travels without its traces (they are in the checkout the calls run in, beside the
+    # carry): link them in, so that a plan launched later without GPU_TRACES still finds them.
+    checkout_traces = carry.resolve().parents[1] / "benchmarks" / "traces"
+    proj_traces = PROJ / "benchmarks" / "traces"
+    if checkout_traces.is_dir() and not proj_traces.exists():
+        proj_traces.symlink_to(checkout_traces)
     router = WORK / "router"
     if not (parts / "router.tar.xz").exists():
         log("no vllm-router carried (prepare.sh ROUTER=0): plans with a router cannot run")

@@ -189,3 +189,37 @@ def test_the_flag_list_is_read_from_the_wheels_parser(tmp_path):
     assert {"--max-num-seqs", "--enable-prompt-tokens-details", "--no-max-num-seqs"} <= set(data["flags"])
     assert "--max-num-queued-reqs" not in data["flags"]
     assert data["choices"] == {"--performance-mode": ["a", "b"]}
+
+
+def test_a_cache_reset_empties_the_cpu_tier_too_and_waits_for_held_blocks(gpu):
+    # vLLM keeps its KV connector's CPU tier through a plain /reset_prefix_cache, and answers success false
+    # while blocks are held: fronts measured one after another would find each other's blocks.
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    _, harness = gpu
+    seen: list[str] = []
+    answers = iter([b'{"success": false}', b'{"success": false}', b'{"success": true}'])
+
+    class Engine(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append(self.path)
+            body = next(answers, b'{"success": false}')
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        assert harness.reset_caches([url], pause_s=0.01) == [200]
+        assert seen == ["/reset_prefix_cache?reset_external=true"] * 3
+        assert harness.reset_caches([url], tries=2, pause_s=0.01) == [409]  # held throughout: reported
+    finally:
+        server.shutdown()
+        server.server_close()
