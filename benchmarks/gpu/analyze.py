@@ -26,7 +26,7 @@ order given) and writes, under ``--out``:
 
     .venv/bin/python benchmarks/gpu/analyze.py --res /tmp/gpures/s1/res --res /tmp/gpures/s2/res \
         --mixed /tmp/gpures/s3/res --out benchmarks/results/gpu
-    .venv/bin/python benchmarks/gpu/analyze.py --sim-only --mixed /tmp/gpures/s3/res   # the committed summaries
+    .venv/bin/python benchmarks/gpu/analyze.py --sim-only   # the simulator check again, from the committed summaries
 """
 
 from __future__ import annotations
@@ -421,6 +421,17 @@ def closed_loops(calib: dict, mixed_res: Path | None) -> dict[str, list[dict]]:
     return loops
 
 
+def committed_closed_loops(calib: dict, out: Path) -> dict[str, list[dict]]:
+    """``closed_loops`` from what an earlier run committed under ``out/raw`` (the mixed sitting's single-engine
+    phases and held-out levels), for ``--sim-only`` without the sitting's folder."""
+    loops = {"1 engine": calib["closed_loop"]}
+    for where, name in (("1 engine alone", "calibration-alone.json"), ("1 engine alone, held out", "mixed.json")):
+        path = out / "raw" / name
+        if path.exists():
+            loops[where] = json.loads(path.read_text())["closed_loop"]
+    return loops
+
+
 def sim_vs_real(loops: dict[str, list[dict]], routing_data: dict, profiles: dict[str, Profile]) -> dict[str, Any]:
     """Each workload the device ran, simulated with each profile (``isolated``: fitted to isolated
     prefills and decodes; ``mixed``: to steps that mix them, with the step tail), side by side."""
@@ -581,7 +592,12 @@ def main() -> None:
     if args.mixed is not None:
         mixed_steps(args.mixed, args.out, provenance)
     profiles = {"isolated": load_profile(str(ISOLATED)), "mixed": load_profile(PROFILE)}
-    sim = sim_vs_real(closed_loops(calib, args.mixed), route, profiles)
+    loops = (
+        committed_closed_loops(calib, args.out)
+        if args.sim_only and args.mixed is None
+        else closed_loops(calib, args.mixed)
+    )
+    sim = sim_vs_real(loops, route, profiles)
     (args.out / "sim_vs_real.json").write_text(json.dumps(provenance.wrap(sim), indent=1) + "\n")
     plot_sim(sim, args.out / "sim_vs_real.png")
     print(f"wrote {args.out / 'sim_vs_real'}.json", file=sys.stderr)
