@@ -7,6 +7,7 @@ import contextlib
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import TYPE_CHECKING, get_args
 
 from priority_gateway import log
@@ -45,12 +46,40 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: {default})" if text else f"default: {default}"
 
 
+class _CtrlCWhileLoading:
+    """SIGINT while the modules load, counted instead of raised. A KeyboardInterrupt raised inside
+    whatever code is loading lands in a library's own handling: pydantic-core turns it into a
+    SchemaError (a traceback, exit 1), and code that catches every exception loses it, leaving a
+    gateway running that someone asked to stop. Counted, it stops the command once its modules are
+    in (``interruptible``)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, _signum: int, _frame: FrameType | None) -> None:
+        self.count += 1
+
+
+_LOADING = _CtrlCWhileLoading()
+
+
+def interruptible() -> None:
+    """A command's modules are in: Ctrl-C raises KeyboardInterrupt from here on, and one that came while
+    they loaded raises now."""
+    with contextlib.suppress(ValueError):  # not the main thread: it cannot set handlers, nor needs to
+        if signal.getsignal(signal.SIGINT) is _LOADING:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    if _LOADING.count:
+        _LOADING.count = 0
+        raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # Ctrl-C stops every command from here on, also one started with SIGINT ignored (a script's
     # `gateway serve &`): uvicorn takes SIGINT once it serves whatever was inherited, so a Ctrl-C
     # ignored while the modules load would leave running a gateway someone asked to stop.
     with contextlib.suppress(ValueError):  # not the main thread: it cannot set handlers, nor needs to
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, _LOADING)
     try:
         return _main(argv)
     except KeyboardInterrupt:
@@ -148,6 +177,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from priority_gateway.serve import ListenError, serve
 
+    interruptible()
     try:
         # A signal before uvicorn runs cancels the start (CancelledError); SIGINT after, KeyboardInterrupt.
         with (
@@ -164,11 +194,15 @@ def _serve(args: argparse.Namespace) -> int:
 def _sim(args: argparse.Namespace) -> int:
     from priority_gateway.simulate.cli import main as sim_main
 
+    interruptible()
+
     return sim_main(args)
 
 
 def _keys(args: argparse.Namespace) -> int:
     from priority_gateway.keys.cli import main as keys_main
+
+    interruptible()
 
     return keys_main(args)
 
@@ -176,11 +210,15 @@ def _keys(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     from priority_gateway.config.cli import main as config_main
 
+    interruptible()
+
     return config_main(args)
 
 
 def _bench(args: argparse.Namespace) -> int:
     from priority_gateway.bench.cli import main as bench_main
+
+    interruptible()
 
     return bench_main(args)
 
