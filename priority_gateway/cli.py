@@ -177,12 +177,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     from priority_gateway.serve import ListenError, serve
 
+    loop_factory = event_loop_factory()  # imports uvloop: still loading
     interruptible()
     try:
         # A signal before uvicorn runs cancels the start (CancelledError); SIGINT after, KeyboardInterrupt.
         with (
             contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError),
-            asyncio.Runner(loop_factory=event_loop_factory()) as runner,
+            asyncio.Runner(loop_factory=loop_factory) as runner,
         ):
             runner.run(serve(args.config, args.host, args.port, args.log_level))
     except ListenError as exc:
