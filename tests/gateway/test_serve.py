@@ -175,9 +175,14 @@ def test_a_signal_stops_the_gateway_with_probes_in_flight_every_time(tmp_path):
         engine.stop()
 
 
-# From 0.75 s: before it, on a busy machine, Python itself may still be starting (site, the standard
-# library), which prints a KeyboardInterrupt traceback of its own whatever the gateway does. Started with
-# SIGINT ignored, the moment counts from the start but waits for the gateway to take SIGINT.
+# Python's own start fails this way on a Ctrl-C before it has run the gateway's first line.
+INTERPRETER_START_INTERRUPTED = "Fatal Python error: init_import_site"
+
+
+# From 0.75 s: on a quiet machine the gateway is loading its modules by then. On a busy one Python itself
+# may still be starting (site, the standard library) and prints a traceback of its own that no program
+# can prevent; that run must still stop and start nothing. Started with SIGINT ignored, the moment counts
+# from the start but waits for the gateway to take SIGINT.
 @pytest.mark.parametrize(
     ("sigint", "after_s"),
     [("SIG_DFL", 0.75), ("SIG_DFL", 1.5), ("SIG_DFL", 3.0), ("SIG_DFL", 6.0), ("SIG_IGN", 0.75), ("SIG_IGN", 1.5)],
@@ -193,7 +198,11 @@ def test_ctrl_c_at_any_moment_of_the_embedded_start_stops_it_and_its_engines(tmp
     time.sleep(max(0.0, after_s - (time.monotonic() - started)))
     code = stop_within(proc, signal.SIGINT, STOP_BOUND_S)
     assert code is not None, f"still running {STOP_BOUND_S} s after Ctrl-C at {after_s} s\n{proc.log()}"
-    assert "Traceback" not in proc.log(), proc.log()
+    log = proc.log()
+    if log.startswith(INTERPRETER_START_INTERRUPTED):
+        assert code != 0 and "event=" not in log, log
+    else:
+        assert "Traceback" not in log, log
     assert marked(proc) == [], "processes the gateway started are still running"
 
 
