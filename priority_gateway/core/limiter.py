@@ -312,7 +312,8 @@ class ConcurrencyLimit:
         if scraped_at is None or scraped_at <= self._queue_seen_at:
             return
         self._queue_seen_at = scraped_at
-        if waiting < 1 or running < 1:
+        if waiting < 1 or running < 1 or self.settings.seats is not None:
+            # Declared seats are known: a queue is never read as them (everything waiting is carried).
             self._queueing = 0
         elif self._queueing and running == self._seats:
             self._queueing += 1
@@ -322,7 +323,7 @@ class ConcurrencyLimit:
             self._queueing, self._seats = 1, running
         # What it carries: a request waiting for a step's prefill budget is carried (the next steps take
         # it); one waiting beside the same number running, scrape after scrape, waits for a seat.
-        seat_bound = self._queueing > 1 and self.settings.seats is None
+        seat_bound = self._queueing > 1
         self._carried = max(self._carried, running if seat_bound else running + waiting)
 
     def note_load(self, load: float) -> None:
@@ -361,7 +362,7 @@ class ConcurrencyLimit:
         if not lead:
             return False
         engine = self._engine_verdict(evidence, now) if over else None
-        full = self._queueing >= s.queue_scrapes and s.seats is None
+        full = self._queueing >= s.queue_scrapes
         if engine is not None:
             self.reason = engine  # the engine's own figures are awaited, or say it is on time
         elif worst is not None:

@@ -335,16 +335,21 @@ async def test_a_gap_the_engine_no_longer_keeps_stands(subscriber: KVEventSubscr
         pub.close()
 
 
+def replay_socket(context: zmq.asyncio.Context) -> tuple[zmq.asyncio.Socket, str]:
+    """A replay endpoint the test answers (or does not) itself, and its address."""
+    sock = context.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind("tcp://127.0.0.1:*")
+    return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
 async def test_a_replay_socket_that_does_not_answer_costs_its_timeout_and_the_gap_stands(
     context: zmq.asyncio.Context, received: Received
 ) -> None:
     pub, endpoint, _ = engine_with_replay()
-    silent = context.socket(zmq.ROUTER)  # takes the request, never answers
-    silent.setsockopt(zmq.LINGER, 0)
-    silent.bind("tcp://127.0.0.1:*")
+    silent, nowhere = replay_socket(context)  # takes the request, never answers
     try:
         async with KVEventSubscriber(received, context=context, replay_timeout_s=0.2) as subscriber:
-            nowhere = silent.getsockopt_string(zmq.LAST_ENDPOINT)
             subscriber.connect(endpoint, replay=nowhere)
             first = await publish_until_received(pub, received)
             await lose_three(subscriber, pub, endpoint, nowhere)
@@ -372,9 +377,7 @@ async def test_a_replay_answer_that_does_not_hold_the_gap_in_order_leaves_the_ga
     """An engine's replay socket is not trusted to be right: an answer that skips, breaks the format or
     repeats itself delivers nothing of it, and the batch that opened the gap says what was missed."""
     pub, endpoint, _ = engine_with_replay()
-    liar = context.socket(zmq.ROUTER)
-    liar.setsockopt(zmq.LINGER, 0)
-    liar.bind("tcp://127.0.0.1:*")
+    liar, replay = replay_socket(context)
 
     async def serve() -> None:
         while True:
@@ -385,7 +388,6 @@ async def test_a_replay_answer_that_does_not_hold_the_gap_in_order_leaves_the_ga
     server = asyncio.get_running_loop().create_task(serve())
     try:
         async with KVEventSubscriber(received, context=context, replay_timeout_s=0.3) as subscriber:
-            replay = liar.getsockopt_string(zmq.LAST_ENDPOINT)
             subscriber.connect(endpoint, replay=replay)
             first = await publish_until_received(pub, received)
             await lose_three(subscriber, pub, endpoint, replay)
