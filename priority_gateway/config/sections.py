@@ -122,7 +122,7 @@ class HealthConfig:
     interval_s: Seconds = 2.0
     """Time between two probes of one engine."""
     timeout_s: Seconds = 1.0
-    """A probe that takes longer has failed."""
+    """A probe that takes longer has failed, unless the engine answered other requests meanwhile (busy, not gone)."""
     unhealthy_after: Annotated[int, Ge(1)] = 2
     """Failed probes in a row that take an engine out of rotation (a refused connection takes it
     out at once)."""

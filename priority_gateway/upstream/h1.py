@@ -299,6 +299,8 @@ class EngineClient:
             self._fixed += b"authorization: Bearer " + api_key.encode() + b"\r\n"
         self._idle: list[_Connection] = []
         self._closed = False
+        self.answers = 0
+        """Response heads received: the engine's sign of life that a late health probe does not undo."""
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -363,6 +365,7 @@ class EngineClient:
                 # Cancelled (client gone, preempted): closing the connection tells the engine to stop.
                 conn.abort()
                 raise
+            self.answers += 1
             return Response(self, conn)
         conn = await self._connect()
         conn.send(data)
@@ -371,6 +374,7 @@ class EngineClient:
         except BaseException:
             conn.abort()
             raise
+        self.answers += 1
         return Response(self, conn)
 
     async def get(self, path: bytes, timeout_s: float | None = None) -> tuple[int, bytes]:

@@ -3,7 +3,10 @@
 Rules:
 - An engine turns unhealthy after ``unhealthy_after`` failed probes in a row, or at once
   when the relay cannot connect to it; one passing probe makes it healthy again. A probe this
-  process could not even open a socket for (out of descriptors) counts for nothing.
+  process could not even open a socket for (out of descriptors) counts for nothing, and so does
+  one that timed out while the engine answered other requests: under a flood an engine answers
+  ``/health`` late too, and taking a busy engine out would turn load into an outage. An engine
+  that answers ``/health`` with an error is out, however much else it answers.
 - Scrapes run at their own, slower interval (vLLM's ``/metrics`` is not free to render).
 - ``close`` cancels every loop and waits at most ``CLOSE_WAIT_S`` for them: a probe stuck in a
   call that ignores cancellation cannot hold the gateway's shutdown.
@@ -25,7 +28,7 @@ import orjson
 from priority_gateway import log
 from priority_gateway.core.dispatcher import Dispatcher
 from priority_gateway.upstream.discovery import resolve_engines
-from priority_gateway.upstream.h1 import EngineClient, OutOfDescriptors, UpstreamError
+from priority_gateway.upstream.h1 import EngineClient, OutOfDescriptors, ReadTimeout, UpstreamError
 from priority_gateway.upstream.scrape import parse_vllm_metrics
 
 CLOSE_WAIT_S = 2.0
@@ -157,6 +160,7 @@ class EngineMonitor:
             log.warning("engine_unhealthy", engine=engine_id, pool=w.pool, reason=reason, failures=w.failures)
 
     async def probe(self, engine_id: str, w: EngineWatch) -> None:
+        answers = w.client.answers
         try:
             status, _ = await w.client.get(b"/health", timeout_s=self.health_timeout_s)
             ok, reason = status == 200, f"/health answered {status}"
@@ -164,6 +168,11 @@ class EngineMonitor:
             # This process is out of sockets, which says nothing about the engine.
             log.warning("health_probe_skipped", engine=engine_id, reason=str(exc))
             return
+        except ReadTimeout as exc:
+            if w.client.answers > answers:
+                log.debug("health_probe_late", engine=engine_id, reason=str(exc), answered=w.client.answers - answers)
+                return
+            ok, reason = False, str(exc)
         except UpstreamError as exc:
             ok, reason = False, str(exc)
         if ok:
