@@ -58,12 +58,16 @@ class Catalog:
         self._version = -1
         self._entries: dict[str, dict[str, Any]] = {}
         self._known: frozenset[str] = self._configured
+        self._resolved: dict[str, Resolved] = {}
+        """Known names that are no alias, as resolved since the engines' lists last changed: the same
+        answer every time, asked on every request."""
 
     def _refresh(self) -> None:
         version = self.monitor.models_version
         if version == self._version:
             return
         self._version = version
+        self._resolved = {}
         self._entries = {str(m["id"]): m for m in self.monitor.models()}
         self._known = frozenset(self._entries) | self._configured | frozenset(self.aliases.public_names())
 
@@ -79,6 +83,9 @@ class Catalog:
 
     def resolve(self, public: str) -> Resolved:
         self._refresh()
+        known = self._resolved.get(public)
+        if known is not None:
+            return known
         served = self.aliases.resolve(public) if self.aliases else None
         name = served or public
         entry = self._entries.get(name)
@@ -94,7 +101,10 @@ class Catalog:
                 root = str(entry.get("root") or name)
         elif name in self._loadable:
             adapter = name
-        return Resolved(public, name, adapter, cache_key(root, adapter))
+        resolved = Resolved(public, name, adapter, cache_key(root, adapter))
+        if served is None and public in self._known:  # a split alias changes its answer; unknown names are unbounded
+            self._resolved[public] = resolved
+        return resolved
 
     def unknown_message(self, shown: str) -> str:
         names = sorted(self.known())

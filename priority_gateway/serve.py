@@ -134,6 +134,7 @@ def uvicorn_config(app: GatewayApp, listen: ListenConfig, limits: ClientLimits) 
         http=protocol_class(limits),
         lifespan="on",
         access_log=False,
+        proxy_headers=False,  # forwarded headers are trusted only from ``limits.trusted_proxies`` (connection.py)
         server_header=False,
         date_header=False,
         log_level="warning",

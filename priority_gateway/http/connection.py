@@ -16,7 +16,9 @@ Rules:
   one client address, too, so one client cannot keep the others out. A connection from one of
   ``trusted_proxies`` counts, from each request's head on, against the client that request's
   ``X-Forwarded-For`` names (its last address that is not a trusted proxy; the proxy's own
-  address when there is none), and gets the 503 when that client is over its cap.
+  address when there is none), and gets the 503 when that client is over its cap; that client is
+  the request's ``client`` too. No other source of forwarded headers is trusted (uvicorn's
+  ``proxy_headers`` is off).
 - Every refusal is OpenAI's error shape with ``connection: close``.
 - An answer that closes the connection before the request has arrived whole (a refusal on the
   head, a 413 or 503 on the declared length) lingers: the gateway ends its side, then reads and
@@ -188,8 +190,11 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        if self._behind_proxy and not self._count_as(self._forwarded_client()):
-            return
+        if self._behind_proxy:
+            client = self._forwarded_client()
+            if not self._count_as(client):
+                return
+            self.scope["client"] = (client, 0)  # what the request's trace names as its client
         self._disarm()
         self._in_head = False
         self._head_bytes = 0

@@ -52,3 +52,23 @@ def test_the_catalog_is_rebuilt_only_when_the_monitor_says_so():
     assert "b" not in c.known()
     listing.models_version += 1
     assert "b" in c.known()
+
+
+def test_a_name_resolves_anew_once_the_engines_list_it_differently():
+    listing = Listing([{"id": "tiny", "root": "/models/tiny", "parent": None}, {"id": "sql", "parent": None}])
+    c = Catalog(parse_config({"pools": {"p": {"engines": ["http://e:1"]}}}), listing)
+    assert c.resolve("sql").adapter is None and c.resolve("sql") is c.resolve("sql")
+    listing.entries = [listing.entries[0], {"id": "sql", "root": "/adapters/sql", "parent": "tiny"}]
+    listing.models_version += 1
+    assert c.resolve("sql").adapter == "sql"
+
+
+def test_a_split_alias_still_splits_and_unknown_names_are_not_kept():
+    c = catalog(
+        [{"id": "a", "parent": None}, {"id": "b", "parent": None}],
+        models={"aliases": {"ab": [{"model": "a", "weight": 1}, {"model": "b", "weight": 1}]}},
+    )
+    assert {c.resolve("ab").served for _ in range(4)} == {"a", "b"}
+    for n in range(100):
+        c.resolve(f"client-chosen-{n}")
+    assert c.resolve("client-chosen-0") is not c.resolve("client-chosen-0")

@@ -107,6 +107,31 @@ def test_without_a_traceparent_the_gateway_starts_the_trace(stack, receiver):
     assert engine.parent_span_id == span.span_id
 
 
+def test_a_span_names_the_forwarded_client_only_behind_a_trusted_proxy(stack, receiver, tmp_path):
+    forwarded = {"x-forwarded-for": "203.0.113.7"}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Who asks?"}], "max_tokens": 1}
+    # Not trusted (none is by default, loopback included): the header names nobody.
+    plain = httpx.post(
+        stack["gateway"].url + "/v1/chat/completions", json=body, headers={**forwarded, "x-request-id": "fwd-1"}
+    )
+    assert plain.status_code == 200
+    assert gateway_span(receiver, "fwd-1").attributes["client.address"] == "127.0.0.1"
+    config = {
+        "pools": {"interactive": {"engines": [stack["engine"].url]}},
+        "limits": {"trusted_proxies": ["127.0.0.1"]},
+    }
+    gateway = start_gateway(tmp_path, config, env={**FAST_EXPORT, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url})
+    try:
+        gateway.wait_ready("/ready")
+        proxied = httpx.post(
+            gateway.url + "/v1/chat/completions", json=body, headers={**forwarded, "x-request-id": "fwd-2"}
+        )
+        assert proxied.status_code == 200
+        assert gateway_span(receiver, "fwd-2").attributes["client.address"] == "203.0.113.7"
+    finally:
+        gateway.stop()
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [
