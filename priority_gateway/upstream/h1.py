@@ -56,6 +56,7 @@ class _Connection(asyncio.Protocol):
         "_header_list",
         "_headers_waiter",
         "_loop",
+        "_owner",
         "_parser",
         "_paused",
         "_pending",
@@ -72,8 +73,9 @@ class _Connection(asyncio.Protocol):
 
     HIGH_WATER = 1 << 20
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout: float, owner: EngineClient) -> None:
         self._loop = loop
+        self._owner = owner
         self._read_timeout = read_timeout
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
@@ -101,6 +103,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        self._owner.reads += 1
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -299,8 +302,9 @@ class EngineClient:
             self._fixed += b"authorization: Bearer " + api_key.encode() + b"\r\n"
         self._idle: list[_Connection] = []
         self._closed = False
-        self.answers = 0
-        """Response heads received: the engine's sign of life that a late health probe does not undo."""
+        self.reads = 0
+        """Reads of what the engine sent, on any connection: its sign of life, which a late health probe
+        does not undo."""
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -309,7 +313,7 @@ class EngineClient:
             # as the awaited call finishes, and a shutdown then waits on a task that never ends.
             async with asyncio.timeout(self.connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(loop, self.read_timeout),
+                    lambda: _Connection(loop, self.read_timeout, self),
                     self.host,
                     self.port,
                     ssl=self._tls,
@@ -365,7 +369,6 @@ class EngineClient:
                 # Cancelled (client gone, preempted): closing the connection tells the engine to stop.
                 conn.abort()
                 raise
-            self.answers += 1
             return Response(self, conn)
         conn = await self._connect()
         conn.send(data)
@@ -374,7 +377,6 @@ class EngineClient:
         except BaseException:
             conn.abort()
             raise
-        self.answers += 1
         return Response(self, conn)
 
     async def get(self, path: bytes, timeout_s: float | None = None) -> tuple[int, bytes]:

@@ -4,8 +4,9 @@ Rules:
 - An engine turns unhealthy after ``unhealthy_after`` failed probes in a row, or at once
   when the relay cannot connect to it; one passing probe makes it healthy again. A probe this
   process could not even open a socket for (out of descriptors) counts for nothing, and so does
-  one that timed out while the engine answered other requests: under a flood an engine answers
-  ``/health`` late too, and taking a busy engine out would turn load into an outage. An engine
+  one that timed out while the engine sent anything else (an answer, a streamed token): under a
+  flood an engine answers ``/health`` late too, and taking a busy engine out would turn load into
+  an outage. An engine
   that answers ``/health`` with an error is out, however much else it answers.
 - Scrapes run at their own, slower interval (vLLM's ``/metrics`` is not free to render).
 - ``close`` cancels every loop and waits at most ``CLOSE_WAIT_S`` for them: a probe stuck in a
@@ -160,7 +161,7 @@ class EngineMonitor:
             log.warning("engine_unhealthy", engine=engine_id, pool=w.pool, reason=reason, failures=w.failures)
 
     async def probe(self, engine_id: str, w: EngineWatch) -> None:
-        answers = w.client.answers
+        reads = w.client.reads
         try:
             status, _ = await w.client.get(b"/health", timeout_s=self.health_timeout_s)
             ok, reason = status == 200, f"/health answered {status}"
@@ -169,8 +170,8 @@ class EngineMonitor:
             log.warning("health_probe_skipped", engine=engine_id, reason=str(exc))
             return
         except ReadTimeout as exc:
-            if w.client.answers > answers:
-                log.debug("health_probe_late", engine=engine_id, reason=str(exc), answered=w.client.answers - answers)
+            if w.client.reads > reads:
+                log.debug("health_probe_late", engine=engine_id, reason=str(exc))
                 return
             ok, reason = False, str(exc)
         except UpstreamError as exc:

@@ -112,7 +112,8 @@ def test_backfilled_batch_is_preempted_for_interactive_and_still_completes(lendi
 def test_backfill_leaves_a_one_slot_interactive_engine_alone(tight):
     url = tight["gateway"].url
     with cf.ThreadPoolExecutor(2) as pool:
-        first = pool.submit(chat, url, 60, "batch")  # the batch engine
+        # The batch engine, for 5 s: on a busy machine the checks below can take more than a second.
+        first = pool.submit(chat, url, 250, "batch")
         assert wait_for(lambda: running(tight["batch"]) == 1)
         second = pool.submit(chat, url, 10, "batch")  # waits for the batch engine, not the interactive slot
         queued = {"pool": "batch", "class": "batch"}

@@ -34,6 +34,15 @@ async def _answer(engine: Engine, reader: asyncio.StreamReader, writer: asyncio.
             if path == b"/health":
                 await asyncio.sleep(engine.health_delay_s)
                 status, body = engine.health_status, b""
+            elif path == b"/stream":  # one token every 50 ms for 1.5 s, as a long generation streams
+                await reader.readexactly(2)
+                writer.write(b"HTTP/1.1 200 X\r\ntransfer-encoding: chunked\r\n\r\n")
+                for _ in range(30):
+                    writer.write(b"8\r\ndata: x\n\r\n")
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
+                writer.write(b"0\r\n\r\n")
+                continue
             if head.startswith(b"POST"):
                 await reader.readexactly(2)  # the relay's body here is always ``{}``
             writer.write(b"HTTP/1.1 %d X\r\ncontent-length: %d\r\n\r\n%s" % (status, len(body), body))
@@ -99,6 +108,15 @@ async def test_probes_that_time_out_while_the_engine_answers_the_relay_keep_it_i
     # turn load into an outage.
     engine.health_delay_s = 1.0
     assert await relay_for(monitor, engine.url, 1.5)
+    assert healthy(monitor, engine.url)
+
+
+async def test_probes_that_time_out_while_the_engine_streams_an_answer_keep_it_in(
+    monitor: EngineMonitor, engine: Engine
+) -> None:
+    engine.health_delay_s = 1.0
+    response = await monitor.client(engine.url).request(b"POST", b"/stream", (), b"{}")
+    assert len(await response.read()) == 30 * len(b"data: x\n")
     assert healthy(monitor, engine.url)
 
 
