@@ -66,12 +66,14 @@ class SessionRecognition:
         if unknown:
             raise ValueError(f"unknown session sources: {', '.join(unknown)}")
         self.sources = tuple(sources) if enabled else ()
+        # Asked on every request: each source's header name encoded once (None for a body field).
+        self._lookups = tuple((s, s.encode() if s in HEADER_SOURCES else None) for s in self.sources)
 
     def key(self, headers: Mapping[bytes, bytes] | None, parsed: Mapping[str, Any]) -> str | None:
         """The request's session key, or None when no source gives one."""
-        for source in self.sources:
-            if source in HEADER_SOURCES:
-                value = headers.get(source.encode()) if headers else None
+        for source, header in self._lookups:
+            if header is not None:
+                value = headers.get(header) if headers else None
                 key = normalise(value) if value is not None else None
                 if key is not None:
                     return "h:" + key
@@ -84,6 +86,8 @@ class SessionRecognition:
 
 def _body_value(parsed: Mapping[str, Any], field: str) -> str | None:
     value = parsed.get(field)
-    if field == "conversation" and isinstance(value, Mapping):
+    if value is None:
+        return None
+    if field == "conversation" and isinstance(value, dict):  # a parsed JSON object is a dict
         value = value.get("id")
     return value if isinstance(value, str) else None

@@ -567,6 +567,9 @@ class Dispatcher:
 
     def _drain(self, pool: Pool, now: float) -> None:
         queue = pool.queue
+        if not len(queue):  # most finishes leave an empty queue: nothing to weigh
+            self.tenants.giving_way(pool.name, False, now)
+            return
         rank = self.classes.rank
         blocked: set[tuple[str, str, str]] = set()  # (class, model, tenant) found no room in this drain
         waiting: set[str] = set()  # continuing turns waiting for their sessions' engines
