@@ -260,6 +260,13 @@ def start_router(tmp: Path, engines: list[str], router_bin: str) -> Proc:
     return Proc(taskset("0", cmd), f"http://127.0.0.1:{port}", tmp / "router.log").start().wait_ready("/health", 60)
 
 
+def start_floor(tmp: Path, engines: list[str], kind: str) -> Proc:
+    """A relay that does nothing else (``relay_floor.py``): the least any relay on its stack costs."""
+    port = free_port()
+    cmd = [sys.executable, str(ROOT / "benchmarks/relay_floor.py"), kind, str(port), ",".join(engines)]
+    return Proc(taskset("0", cmd), f"http://127.0.0.1:{port}", tmp / f"floor-{kind}.log").start().wait_ready("/")
+
+
 def profile(target: Target, case: Case, seconds: float, tmp: Path, out: Path) -> Path | None:
     """A py-spy flame graph of ``target`` under ``case``'s load (py-spy on core 1, beside the load)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -302,7 +309,7 @@ def summarise(results: dict[str, dict]) -> dict:
                 s[key]["added_p50_ms"] = round((r["p50_us"] - d["p50_us"]) / 1000, 3)
                 s[key]["rps_vs_direct"] = ratio(r["rps"], d["rps"])
         summary[name] = s
-    for ours in ("gateway", "baseline"):
+    for ours in ("gateway", "baseline", "asgi-floor", "protocol-floor"):
         if ours not in results:
             continue
         for other in ("vllm-router", "baseline"):
@@ -337,7 +344,11 @@ def main() -> None:
     parser.add_argument(
         "--router-bin", default=shutil.which("vllm-router") or str(ROOT / ".venv-router/bin/vllm-router")
     )
-    parser.add_argument("--targets", default="direct,gateway,vllm-router")
+    parser.add_argument(
+        "--targets",
+        default="direct,gateway,vllm-router",
+        help="of direct, gateway, vllm-router, asgi-floor, protocol-floor (relay_floor.py: non-streamed cases only)",
+    )
     parser.add_argument(
         "--baseline", default=None, help="also measure the gateway of this checkout (another commit), as 'baseline'"
     )
@@ -374,17 +385,25 @@ def main() -> None:
                 base = start_gateway(tmp, urls, Path(args.baseline).resolve(), args.log_level)
                 procs.append(base)
                 targets.append(Target("baseline", base, has_lag=lag_buckets(base.url) is not None))
+            for kind in ("asgi", "protocol"):
+                if f"{kind}-floor" in wanted:
+                    floor = start_floor(tmp, urls, kind)
+                    procs.append(floor)
+                    targets.append(Target(f"{kind}-floor", floor))
             if "vllm-router" in wanted and Path(args.router_bin).exists():
                 router = start_router(tmp, urls, args.router_bin)
                 procs.append(router)
                 targets.append(Target("vllm-router", router))
-            total = len(cases) * len(targets) * args.rounds
+            floors = sum(t.name.endswith("-floor") for t in targets)
+            total = (len(cases) * len(targets) - floors * sum(c.stream for c in cases)) * args.rounds
             n = 0
             for round_no in range(args.rounds):
                 # Each round starts with the next target, so no target always follows the same one.
                 order = targets[round_no % len(targets) :] + targets[: round_no % len(targets)]
                 for case in cases:
                     for target in order:
+                        if case.stream and target.name.endswith("-floor"):
+                            continue  # the floors relay whole answers only
                         n += 1
                         print(f"[{n}/{total}] {target.name:12s} {case.key} ...", end=" ", flush=True)
                         r = measure(target, case, args.duration, tmp)
@@ -434,7 +453,7 @@ def plot(results: dict[str, dict], path: Path) -> None:
     except ImportError:
         return
     names = list(results)
-    keys = [k for k in ("nostream_c64", "stream_c64", "stream512_c64") if all(k in results[n] for n in names)]
+    keys = [k for k in ("nostream_c64", "stream_c64", "stream512_c64") if any(k in results[n] for n in names)]
     if not keys:
         return
     panels = (
@@ -443,11 +462,20 @@ def plot(results: dict[str, dict], path: Path) -> None:
         ("router_cpu_ms_per_request", "router CPU per request (ms)", 1.0),
     )
     fig, axes = plt.subplots(len(panels), len(keys), figsize=(4.5 * len(keys), 3.2 * len(panels)), squeeze=False)
-    colors = {"direct": "grey", "gateway": "tab:blue", "baseline": "tab:cyan", "vllm-router": "tab:orange"}
+    colors = {
+        "direct": "grey",
+        "gateway": "tab:blue",
+        "baseline": "tab:cyan",
+        "vllm-router": "tab:orange",
+        "asgi-floor": "tab:olive",
+        "protocol-floor": "tab:green",
+    }
     for row, (field, label, scale) in enumerate(panels):
         for col, key in enumerate(keys):
             ax = axes[row][col]
-            shown = [n for n in names if not (n == "direct" and field == "router_cpu_ms_per_request")]
+            shown = [
+                n for n in names if key in results[n] and not (n == "direct" and field == "router_cpu_ms_per_request")
+            ]
             ax.bar(shown, [results[n][key][field] * scale for n in shown], color=[colors.get(n, "k") for n in shown])
             ax.set_title(f"{key}: {label}", fontsize=9)
             ax.tick_params(axis="x", labelsize=8)
