@@ -172,16 +172,23 @@ def fairness(read: Read) -> list[str]:
 
 def relay(read: Read) -> list[str]:
     result = read("relay_overhead/results.json")
-    ours, against = result["summary"]["gateway"], result["summary"]["gateway_vs_vllm-router"]
+    summary = result["summary"]
+    ours, against = summary["gateway"], summary["gateway_vs_vllm-router"]
     plain, streamed = ours["nostream_c64"], ours["stream_c64"]
+    floors = [
+        f"{times(summary[f'{kind}-floor_vs_vllm-router']['nostream_c64']['cpu_per_request'])} as {what}"
+        for kind, what in (("asgi", "an ASGI app"), ("protocol", "an asyncio protocol"))
+        if f"{kind}-floor_vs_vllm-router" in summary
+    ]
+    floor_text = f"; a bare Python relay on the same stack: {', '.join(floors)} (`relay_floor.py`)" if floors else ""
     return [
         "What does relaying cost? The gateway with its defaults before simulated instant engines, 64 "
         "connections, the router pinned to one core",
-        f"not streamed {plain['rps']:,.0f} requests/s at {plain['cpu_ms_per_request']:.2f} ms of CPU each; "
-        f"streamed (32 tokens) {streamed['rps']:,.0f} requests/s",
-        f"vllm-router (Rust): {times(against['nostream_c64']['rps'])} its requests/s at "
-        f"{times(against['nostream_c64']['cpu_per_request'])} its CPU a request not streamed, "
-        f"{times(against['stream_c64']['rps'])} its requests/s streamed",
+        f"not streamed {plain['cpu_ms_per_request']:.2f} ms of CPU a request, p99 {ms(plain['p99_ms'])}; "
+        f"streamed (32 tokens) {streamed['cpu_ms_per_request']:.2f} ms",
+        f"vllm-router (Rust): {times(against['nostream_c64']['cpu_per_request'])} its CPU a request not streamed, "
+        f"{times(against['stream_c64']['cpu_per_request'])} streamed, {times(against['nostream_c64']['p99'])} its "
+        f"p99 not streamed{floor_text}",
         "`make bench-relay`",
         measured_at(result),
     ]

@@ -23,6 +23,7 @@ NOT_BENCHMARKS = {
     "gpu/fronts.py": "the budgets plan's fronts by name, a library of budgets.py and harness.py",
     "gpu/harness.py": "runs the device's plan; each result is written by the script it runs (its commit: envelope)",
     "gpu/vllm_flags.py": "reads a vLLM wheel's flags, measures nothing",
+    "relay_floor.py": "the bare relays relay_overhead.py measures (its results: envelope), a server",
     "report_summary.py": "writes docs/report.md's summary from the committed results, measures nothing",
 }
 # The commit and the load, found in a script's own code: it records them a second way.
