@@ -6,8 +6,7 @@ Rules:
   process could not even open a socket for (out of descriptors) counts for nothing, and so does
   one that timed out while the engine sent anything else (an answer, a streamed token): under a
   flood an engine answers ``/health`` late too, and taking a busy engine out would turn load into
-  an outage. An engine
-  that answers ``/health`` with an error is out, however much else it answers.
+  an outage. An engine that answers ``/health`` with an error is out, however much else it answers.
 - Scrapes run at their own, slower interval (vLLM's ``/metrics`` is not free to render).
 - ``close`` cancels every loop and waits at most ``CLOSE_WAIT_S`` for them: a probe stuck in a
   call that ignores cancellation cannot hold the gateway's shutdown.
