@@ -54,18 +54,36 @@ def gateway(tmp_path, name: str, *args: str, sigint: str = "SIG_DFL") -> Proc:
     return proc.start()
 
 
+def sigint_disposition(pid: int) -> tuple[list[bytes], bool, bool]:
+    """The process's argv, and whether SIGINT is ignored (``SigIgn``) and caught (``SigCgt``)."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    bit = 1 << (signal.SIGINT - 1)
+    return argv, bool(int(fields["SigIgn"], 16) & bit), bool(int(fields["SigCgt"], 16) & bit)
+
+
 def wait_until_sigint_is_taken(pid: int, within_s: float) -> None:
-    """Until the gateway (the launcher has exec'd it: ``-m priority_gateway``) catches SIGINT (``SigCgt`` in
-    ``/proc/<pid>/status``); the launcher's own Python caught it too, before it set the inherited ignore."""
+    """Until the gateway (the launcher has exec'd it: ``-m priority_gateway``) catches SIGINT; the
+    launcher's own Python caught it too, before it set the inherited ignore."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        status = Path(f"/proc/{pid}/status").read_text()
-        caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
-        if argv[1:2] == [b"-m"] and caught & (1 << (signal.SIGINT - 1)):
+        argv, _, caught = sigint_disposition(pid)
+        if argv[1:2] == [b"-m"] and caught:
             return
         time.sleep(0.005)
     raise AssertionError(f"the gateway did not take SIGINT within {within_s} s")
+
+
+def wait_until_sigint_is_not_ignored(pid: int, within_s: float) -> None:
+    """Until the launcher's first line has made SIGINT's disposition its own. Where the tests run with
+    SIGINT ignored (a CI job started as a script's ``cmd &``), the launcher inherits the ignore and the
+    kernel drops a Ctrl-C sent before that line: a terminal's Ctrl-C cannot come then."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not sigint_disposition(pid)[1]:
+            return
+        time.sleep(0.002)
+    raise AssertionError(f"the launcher still ignores SIGINT after {within_s} s")
 
 
 def marked(proc: Proc) -> list[int]:
@@ -195,6 +213,8 @@ def test_ctrl_c_at_any_moment_of_the_embedded_start_stops_it_and_its_engines(tmp
         # The kernel drops a signal the process ignores: until the gateway's first line takes SIGINT (on a
         # busy machine Python's own start can outlast 0.75 s), no program could see that Ctrl-C.
         wait_until_sigint_is_taken(proc.popen.pid, 30.0)
+    else:
+        wait_until_sigint_is_not_ignored(proc.popen.pid, 30.0)
     time.sleep(max(0.0, after_s - (time.monotonic() - started)))
     code = stop_within(proc, signal.SIGINT, STOP_BOUND_S)
     assert code is not None, f"still running {STOP_BOUND_S} s after Ctrl-C at {after_s} s\n{proc.log()}"
