@@ -179,6 +179,8 @@ class StateSource(Protocol):
 
     def concurrency_limits(self) -> dict[str, float]: ...
 
+    def ttft_margins(self) -> dict[str, float]: ...
+
     def held_slots(self) -> dict[str, int]: ...
 
 
@@ -200,6 +202,16 @@ class _StateCollector(Collector):
         for pool, value in self.state.prefix_hit_estimates().items():
             ratio.add_metric((pool,), value)
         yield ratio
+        margin = GaugeMetricFamily(
+            "gateway_pool_ttft_margin",
+            "What admission multiplies a predicted first token by against the TTFT budget: raised by each first"
+            " token that came late, lowered slowly by those in time. High, it holds requests back (queued, then"
+            " refused slo_budget_exceeded) while the engines have room.",
+            labels=("pool",),
+        )
+        for pool, value in self.state.ttft_margins().items():
+            margin.add_metric((pool,), value)
+        yield margin
         yield from self._engine_state()
 
     def _admission_state(self) -> tuple[Metric, ...]:

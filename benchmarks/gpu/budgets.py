@@ -77,6 +77,9 @@ _GATEWAY_SERIES = {
     "limit": re.compile(r"^gateway_engine_concurrency_limit\{[^}]*\} (\S+)$", re.M),
     "inflight": re.compile(r"^gateway_inflight\{[^}]*\} (\S+)$", re.M),
     "queued": re.compile(r'^gateway_queue_depth\{class="interactive"[^}]*\} (\S+)$', re.M),
+    # What holds requests back below the limit: the first-token check against the prefill ahead.
+    "ttft_margin": re.compile(r'^gateway_pool_ttft_margin\{pool="interactive"\} (\S+)$', re.M),
+    "pending_prefill": re.compile(r"^gateway_engine_pending_prefill_tokens\{[^}]*\} (\S+)$", re.M),
 }
 
 
@@ -221,7 +224,8 @@ def _get(url: str, timeout: float = 5.0) -> str:
 
 
 class FrontSampler:
-    """The gateway's learned limit, in-flight and queued requests, every ``every_s``, in a thread."""
+    """The gateway's learned limit, in-flight and queued requests, TTFT margin and pending prefill, every
+    ``every_s``, in a thread."""
 
     def __init__(self, url: str, every_s: float = 1.0) -> None:
         self.url, self.every_s = url, every_s

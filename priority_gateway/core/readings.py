@@ -46,6 +46,10 @@ class Readings:
         """Each engine's limit as admission applies it (the fleet's, or this replica's safe share of it)."""
         return self._d.capacity.limits_applied(self._d.engines())
 
+    def ttft_margins(self) -> dict[str, float]:
+        """Each pool's TTFT margin: what admission multiplies a predicted first token by (``core.ttft_model``)."""
+        return {name: pool.ttft_model.margin for name, pool in self._d.pools.items()}
+
     def held_slots(self) -> dict[str, int]:
         """The slots this replica may fill on each engine while it fills them within its holdings."""
         fleet = self._d.fleet
