@@ -1494,6 +1494,9 @@ def launch(setup: Setup, plan: str, budget_s: float) -> None:
     if setup.dry:
         args += ["--dry", "--time-scale", str(setup.time_scale), "--sim-profile", setup.sim_profile]
         args += ["--rate-scale", str(setup.rate_scale)]
+    # The plan clears it too, once its process runs: a ``wait`` sent at once would find the last plan's
+    # mark and end before this one started (the device is then given back while it runs).
+    DONE.unlink(missing_ok=True)
     with open(PLAN_LOG, "ab") as out:
         subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=PROJ)
     log(f"plan {plan} launched for {budget_s:.0f} s")

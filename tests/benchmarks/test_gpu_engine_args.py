@@ -223,3 +223,17 @@ def test_a_cache_reset_empties_the_cpu_tier_too_and_waits_for_held_blocks(gpu):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_wait_sent_right_after_a_launch_follows_the_new_plan(gpu, monkeypatch, tmp_path):
+    # The last plan's done mark, still there when the next plan's process has not yet started: a wait sent at
+    # once ended at the mark, and the device was given back while the new plan ran.
+    _, harness = gpu
+    for name, path in (("WORK", tmp_path), ("PLAN_LOG", tmp_path / "plan.log"), ("DONE", tmp_path / "plan.done")):
+        monkeypatch.setattr(harness, name, path)
+    harness.DONE.write_text("done\n")
+    started: list[list[str]] = []
+    monkeypatch.setattr(harness.subprocess, "Popen", lambda args, **_: started.append(args))
+    harness.launch(harness.Setup(dry=False, gpus=1), "budgets-pairs", 60.0)
+    assert started and "budgets-pairs" in started[0]
+    assert not harness.DONE.exists()
