@@ -1,0 +1,1 @@
+/opt/torch/.venv/bin/python3 -c import sys; from vllm_router.launch_router import main; sys.exit(main()) --host 127.0.0.1 --port 8200 --worker-urls http://127.0.0.1:8101 http://127.0.0.1:8102 http://127.0.0.1:8103 http://127.0.0.1:8104 --policy consistent_hash --log-level warning --prometheus-port 29102
