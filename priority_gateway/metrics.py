@@ -179,7 +179,7 @@ class StateSource(Protocol):
 
     def concurrency_limits(self) -> dict[str, float]: ...
 
-    def ttft_margins(self) -> dict[str, float]: ...
+    def ttft_models(self) -> dict[str, tuple[float, tuple[float, float] | None]]: ...
 
     def held_slots(self) -> dict[str, int]: ...
 
@@ -209,9 +209,20 @@ class _StateCollector(Collector):
             " refused slo_budget_exceeded) while the engines have room.",
             labels=("pool",),
         )
-        for pool, value in self.state.ttft_margins().items():
+        line = GaugeMetricFamily(
+            "gateway_pool_first_token_line_seconds",
+            "The first token admission predicts on an engine of the pool: fixed, at no prefill ahead, plus"
+            " per_1k_tokens for each 1,000 uncached prompt tokens ahead (gateway_engine_pending_prefill_tokens and its"
+            " own), learned from recent first tokens.",
+            labels=("pool", "term"),
+        )
+        for pool, (value, fitted) in self.state.ttft_models().items():
             margin.add_metric((pool,), value)
+            if fitted is not None:
+                line.add_metric((pool, "fixed"), fitted[0])
+                line.add_metric((pool, "per_1k_tokens"), 1000.0 * fitted[1])
         yield margin
+        yield line
         yield from self._engine_state()
 
     def _admission_state(self) -> tuple[Metric, ...]:

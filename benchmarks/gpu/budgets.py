@@ -80,6 +80,12 @@ _GATEWAY_SERIES = {
     # What holds requests back below the limit: the first-token check against the prefill ahead.
     "ttft_margin": re.compile(r'^gateway_pool_ttft_margin\{pool="interactive"\} (\S+)$', re.M),
     "pending_prefill": re.compile(r"^gateway_engine_pending_prefill_tokens\{[^}]*\} (\S+)$", re.M),
+    "first_token_fixed_s": re.compile(
+        r'^gateway_pool_first_token_line_seconds\{pool="interactive",term="fixed"\} (\S+)$', re.M
+    ),
+    "first_token_per_1k_s": re.compile(
+        r'^gateway_pool_first_token_line_seconds\{pool="interactive",term="per_1k_tokens"\} (\S+)$', re.M
+    ),
 }
 
 

@@ -61,11 +61,27 @@ class TTFTModel:
         self._sxy = d * self._sxy + x * seconds
 
     def predict(self, tokens: int) -> float | None:
+        fit = self._fit()
+        if fit is None:
+            return None
+        mean_x, mean_y, slope = fit
+        return max(0.0, mean_y + slope * (tokens - mean_x))
+
+    def line(self) -> tuple[float, float] | None:
+        """The line's (seconds at no prefill ahead, seconds per token of prefill ahead); None before any
+        first token."""
+        fit = self._fit()
+        if fit is None:
+            return None
+        mean_x, mean_y, slope = fit
+        return mean_y - slope * mean_x, slope
+
+    def _fit(self) -> tuple[float, float, float] | None:
+        """The weighted means of prefill ahead and first token, and the line's slope (never below 0)."""
         n = self._n
         if n < 1.0:
             return None
         mean_x, mean_y = self._sx / n, self._sy / n
         var_x = self._sxx / n - mean_x * mean_x
         slope = (self._sxy / n - mean_x * mean_y) / var_x if var_x > 1e-9 else 0.0
-        slope = max(0.0, slope)
-        return max(0.0, mean_y + slope * (tokens - mean_x))
+        return mean_x, mean_y, max(0.0, slope)

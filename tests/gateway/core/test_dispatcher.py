@@ -156,7 +156,9 @@ def test_late_first_tokens_raise_the_margin_that_admission_applies():
         d.observe_ttft(out, 0.9)  # the budget is 0.5 s
         d.finish(out, i + 0.95)
     assert pool.ttft_model.margin > 1.25 * before
-    assert d.readings.ttft_margins()["interactive"] == pool.ttft_model.margin  # what /metrics shows
+    margin, line = d.readings.ttft_models()["interactive"]  # what /metrics shows
+    assert margin == pool.ttft_model.margin
+    assert line is not None and line == pool.ttft_model.line()
     assert pool.start_deadline(req(now=0.0)) < deadline_before
     raised = pool.ttft_model.margin
     on_time = d.submit(req(now=10.0), 10.0).answer

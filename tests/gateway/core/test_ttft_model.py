@@ -11,11 +11,14 @@ def test_learns_fixed_cost_plus_per_token_prefill():
         model.observe(tokens, 0.05 + tokens * 0.0001)
     assert abs(model.predict(1000) - 0.15) < 0.005
     assert abs(model.predict(4000) - 0.45) < 0.01
+    fixed, per_token = model.line()  # what /metrics shows of it
+    assert abs(fixed - 0.05) < 0.005 and abs(per_token - 0.0001) < 0.000005
+    assert abs(fixed + per_token * 1000 - model.predict(1000)) < 1e-12
 
 
 def test_follows_a_change_and_knows_nothing_before_data():
     model = TTFTModel()
-    assert model.predict(100) is None
+    assert model.predict(100) is None and model.line() is None
     for _ in range(100):
         model.observe(1000, 0.1)
     for _ in range(300):
