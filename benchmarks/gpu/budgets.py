@@ -230,8 +230,8 @@ def _get(url: str, timeout: float = 5.0) -> str:
 
 
 class FrontSampler:
-    """The gateway's learned limit, in-flight and queued requests, TTFT margin and pending prefill, every
-    ``every_s``, in a thread."""
+    """The gateway's learned limit, in-flight and queued requests, and what its first-token check reads (the
+    margin, the line, the pending prefill), every ``every_s``, in a thread."""
 
     def __init__(self, url: str, every_s: float = 1.0) -> None:
         self.url, self.every_s = url, every_s
