@@ -628,7 +628,7 @@ class Dispatcher:
             req = entry.request
             placed = self._place(req, pool, now, queued=True)
             if isinstance(placed, _Late):
-                queue.remove(req)  # refused, not started: its tenant is not charged (as at its deadline)
+                queue.take(req)
                 self._queued_pool.pop(req.id, None)
                 self._notices.append(self._refuse_slo(req, placed.drain_s))
                 continue
