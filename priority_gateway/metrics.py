@@ -179,7 +179,7 @@ class StateSource(Protocol):
 
     def concurrency_limits(self) -> dict[str, float]: ...
 
-    def ttft_models(self) -> dict[str, tuple[dict[str, float], tuple[float, float] | None]]: ...
+    def ttft_models(self) -> dict[str, tuple[float, tuple[float, float] | None]]: ...
 
     def held_slots(self) -> dict[str, int]: ...
 
@@ -204,11 +204,10 @@ class _StateCollector(Collector):
         yield ratio
         margin = GaugeMetricFamily(
             "gateway_pool_ttft_margin",
-            "What admission multiplies a predicted first token by against the TTFT budget, for requests that"
-            " start on_arrival or from_queue: raised by each of those starts' first tokens that came late, lowered"
-            " slowly by those in time. High on_arrival, it refuses requests (slo_budget_exceeded) while the engines"
-            " have room; high from_queue, queued requests must start earlier.",
-            labels=("pool", "start"),
+            "What admission multiplies a predicted first token by against the TTFT budget: raised by each first"
+            " token that came late, lowered slowly by those in time. High, it holds requests back (queued, then"
+            " refused slo_budget_exceeded) while the engines have room.",
+            labels=("pool",),
         )
         line = GaugeMetricFamily(
             "gateway_pool_first_token_line_seconds",
@@ -217,9 +216,8 @@ class _StateCollector(Collector):
             " own), learned from recent first tokens.",
             labels=("pool", "term"),
         )
-        for pool, (margins, fitted) in self.state.ttft_models().items():
-            for start, value in margins.items():
-                margin.add_metric((pool, start), value)
+        for pool, (value, fitted) in self.state.ttft_models().items():
+            margin.add_metric((pool,), value)
             if fitted is not None:
                 line.add_metric((pool, "fixed"), fitted[0])
                 line.add_metric((pool, "per_1k_tokens"), 1000.0 * fitted[1])

@@ -77,11 +77,8 @@ _GATEWAY_SERIES = {
     "limit": re.compile(r"^gateway_engine_concurrency_limit\{[^}]*\} (\S+)$", re.M),
     "inflight": re.compile(r"^gateway_inflight\{[^}]*\} (\S+)$", re.M),
     "queued": re.compile(r'^gateway_queue_depth\{class="interactive"[^}]*\} (\S+)$', re.M),
-    # What refuses requests below the limit: the first-token check against the prefill ahead.
-    "ttft_margin": re.compile(r'^gateway_pool_ttft_margin\{pool="interactive",start="on_arrival"\} (\S+)$', re.M),
-    "ttft_margin_queued": re.compile(
-        r'^gateway_pool_ttft_margin\{pool="interactive",start="from_queue"\} (\S+)$', re.M
-    ),
+    # What holds requests back below the limit: the first-token check against the prefill ahead.
+    "ttft_margin": re.compile(r'^gateway_pool_ttft_margin\{pool="interactive"\} (\S+)$', re.M),
     "pending_prefill": re.compile(r"^gateway_engine_pending_prefill_tokens\{[^}]*\} (\S+)$", re.M),
     "first_token_fixed_s": re.compile(
         r'^gateway_pool_first_token_line_seconds\{pool="interactive",term="fixed"\} (\S+)$', re.M

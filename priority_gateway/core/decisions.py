@@ -41,9 +41,6 @@ class Dispatch:
     """What starting it charged its tenant in its class's fair queue, settled when it ends."""
     backlog: int = 0
     """Prefill tokens the engine had to compute before its first token: what was queued there, and its own."""
-    queued: bool = False
-    """It started from the queue or on a retry, with part of its budget spent: its first token steers the
-    queue's margin (``ttft_model``), not that of requests started on arrival."""
 
 
 @dataclass(slots=True, eq=False)

@@ -11,18 +11,14 @@ Rules:
   the prefill queued on the engine (this replica's and the others') and its own uncached part, at the
   pace the pool's first tokens showed (``ttft_model``: its line predicts a typical first token, times the
   margin that its late first tokens steer, since the budget bounds a p99); engines where it would be
-  late are passed over. Where it would be late on every engine with room, it is refused at once
-  (``slo_budget_exceeded``, retry after the prefill ahead drains), never held for that prefill: an
-  engine computes prefill first come first served, so a request held in the gateway gets its first
-  token no sooner than one sent at once, only later by the hold (on one H100 such holds doubled the
-  median TTFT at a rate the engine served in time unheld).
+  late are passed over.
 - With admission on, a request that finds no room waits in its pool's queue, classes by rank, tenants
   by weighted fair queueing (``queue``, ``fair_queue``), until it can start; an interactive-kind
   request that cannot get a slot within its TTFT budget (the slots' predicted ends, ``slots``) is
   refused at once (``slo_budget_exceeded``), and a queued one is refused when its start deadline
-  passes, never started late, or when room frees for it and the first-token check fails. While the
-  pool has room for the request, those ahead of it are held by the pool's policy (a prefill held for
-  the ITL budget, ``prefill``), not waiting for slots: it is queued, and its start deadline answers it.
+  passes, never started late. While the pool has room for the request, those ahead of it wait for
+  the prefill queued on the engines (the first-token check), not for slots: it is queued, and its
+  start deadline answers it.
 - Tenants (``fairness``, ``tenant_room``): one at its cap starts nothing more; one over its share
   starts only where an engine keeps the backfill reserve free.
 - A drain starts what can start, in queue order: an entry that cannot be placed now (its model's
@@ -112,15 +108,6 @@ WAITS_FOR_SESSION = _Waits.SESSION
 """What ``_place`` says of a continuing turn that waits for its session's engine (``turns.waits``)."""
 WAITS_FOR_SLOT = _Waits.SLOT
 """What ``_place`` says of a request that waits for a slot on a less loaded engine (``Capacity.waits_for_slot``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Late:
-    """What ``_choose`` and ``_place`` say of a request whose first token would come late on every engine
-    with room for it: ``drain_s``, when the prefill ahead of it on the best of them will have cleared."""
-
-    drain_s: float | None
-
 
 MAX_PASSED_OVER = 32
 """Queued entries a drain tries and cannot start before it stops looking further (per pool)."""
@@ -290,19 +277,16 @@ class Dispatcher:
         if self.tenants.has_room(req.tenant) and (
             not len(queue) or queue.position(req, math.inf, self.room.ahead_of(req.tenant, pool, now)) == 0
         ):
-            placed = self._place(req, pool, now, exclude, queued=bool(exclude))
+            placed = self._place(req, pool, now, exclude)
             if isinstance(placed, Dispatch):
                 placed.charge = pool.queue.charge(req)
-                placed.queued = bool(exclude)
                 return placed
-            if isinstance(placed, _Late):
-                return self._refuse_slo(req, placed.drain_s)
         answer = self._enqueue(req, pool, now)
         if isinstance(answer, Queued) and self.capacity.with_room(pool, (), req.model):
             # Those ahead of it cannot start (their model's engines are full), this one could: a drain
-            # starts what can start, in queue order, and it may be among them (or be refused there).
+            # starts what can start, in queue order, and it may be among them.
             self._drain(pool, now)
-            mine = next((n for n in self._notices if isinstance(n, Dispatch | Rejection) and n.request is req), None)
+            mine = next((n for n in self._notices if isinstance(n, Dispatch) and n.request is req), None)
             if mine is not None:
                 self._notices.remove(mine)
                 return mine
@@ -327,17 +311,15 @@ class Dispatcher:
         )
 
     def _place(
-        self, req: RouteRequest, pool: Pool, now: float, exclude: Sequence[str] = (), queued: bool = False
-    ) -> Dispatch | _Waits | _Late | None:
-        """Start ``req`` on an engine with room; else whether it waits for its session's engine or a slot,
-        or would get its first token late wherever it has room (``queued``: it starts from the queue)."""
+        self, req: RouteRequest, pool: Pool, now: float, exclude: Sequence[str] = ()
+    ) -> Dispatch | _Waits | None:
+        """Start ``req`` on an engine with room; else whether it waits for its session's engine or a slot."""
         model = req.model
         candidates = self.room.engines(req.tenant, pool, now, exclude, model)
         if req.continuing and self.turns.waits(req, pool, candidates, now, pool.start_deadline(req), exclude):
             return WAITS_FOR_SESSION
-        choice = self._choose_in_time(req, pool, candidates, now, queued)
-        late = choice if isinstance(choice, _Late) else None
-        if isinstance(choice, Choice):
+        choice = self._choose(req, pool, candidates, now)
+        if choice is not None:
             wider = partial(self._choose, req, pool, now=now)
             if self.capacity.waits_for_slot(req, pool, choice, candidates, now, exclude, wider):
                 return WAITS_FOR_SLOT
@@ -354,8 +336,6 @@ class Dispatcher:
             choice = self._choose(req, other, self.capacity.with_room(other, exclude, model), now)
             if choice is not None:
                 return self._start(req, other, choice, now, exclude, reason="overflow")
-        if late is not None:  # a slot freed by stopping backfill would not bring its first token sooner
-            return late
         if pool.policy.holds(req):  # held for its prefill (prefix_policy): stopping backfill would not place it
             return None
         if self._preempt_backfill(pool, exclude, now, model):
@@ -365,34 +345,25 @@ class Dispatcher:
         return None
 
     def _choose(self, req: RouteRequest, pool: Pool, candidates: list[EngineState], now: float) -> Choice | None:
-        choice = self._choose_in_time(req, pool, candidates, now)
-        return choice if isinstance(choice, Choice) else None
-
-    def _choose_in_time(
-        self, req: RouteRequest, pool: Pool, candidates: list[EngineState], now: float, queued: bool = False
-    ) -> Choice | _Late | None:
         """The pool's policy's choice among ``candidates``, passing over an engine where a request with a TTFT
         budget would not get its first token in time: the prefill the engine has to get through before it
-        (``queued_prefill``) and its own uncached part, at the pace the pool's first tokens showed. Late
-        wherever the policy would place it: ``_Late``, unless the policy holds it (its own hold)."""
+        (``queued_prefill``) and its own uncached part, at the pace the pool's first tokens showed."""
         choice = pool.policy.choose(req, candidates, now)
         ttft = req.budget.ttft_s
         if choice is None or ttft is None:
             return choice
         left = ttft - (now - req.arrival)
         model = pool.ttft_model
-        margin = model.margin_for(queued)
-        drain: float | None = None
-        while choice is not None:
-            ahead = choice.engine.queued_prefill
-            expected = model.predict(ahead + max(0, req.prompt_tokens - choice.predicted_cached_tokens))
-            if expected is None or margin * expected <= left:  # a typical first token, against a p99 budget
+        for _ in range(len(candidates)):
+            ahead = choice.engine.queued_prefill + max(0, req.prompt_tokens - choice.predicted_cached_tokens)
+            expected = model.predict(ahead)
+            if expected is None or model.margin * expected <= left:  # a typical first token, against a p99 budget
                 return choice
-            cleared = model.predict(ahead)
-            drain = cleared if drain is None or (cleared is not None and cleared < drain) else drain
             candidates = [e for e in candidates if e is not choice.engine]
             choice = pool.policy.choose(req, candidates, now)
-        return None if pool.policy.holds(req) else _Late(drain)
+            if choice is None:
+                return None
+        return None
 
     def _overflow_pools(self, req: RouteRequest) -> list[Pool]:
         if self.classes.is_batch(req.cls):
@@ -626,12 +597,7 @@ class Dispatcher:
             # A placement may preempt someone: that notice goes out before any later dispatch of
             # the same request, since both land in the notices in order.
             req = entry.request
-            placed = self._place(req, pool, now, queued=True)
-            if isinstance(placed, _Late):
-                queue.take(req)
-                self._queued_pool.pop(req.id, None)
-                self._notices.append(self._refuse_slo(req, placed.drain_s))
-                continue
+            placed = self._place(req, pool, now)
             if isinstance(placed, _Waits):
                 waiting.add(req.id)  # waits for its session's engine or a slot: those behind it go on
                 if len(blocked) + len(waiting) >= MAX_PASSED_OVER:
@@ -645,7 +611,6 @@ class Dispatcher:
                 continue
             taken = queue.take(req)
             placed.charge = taken.charge if taken is not None else None
-            placed.queued = True
             self._queued_pool.pop(req.id, None)
             self._notices.append(placed)
         held = (
@@ -670,7 +635,7 @@ class Dispatcher:
         engine_side = max(0.0, seconds - (dispatch.dispatched_at - dispatch.request.arrival))
         budget = dispatch.request.budget.ttft_s
         late = None if budget is None else seconds > budget
-        self.pools[dispatch.engine.pool].ttft_model.observe(dispatch.backlog, engine_side, late, dispatch.queued)
+        self.pools[dispatch.engine.pool].ttft_model.observe(dispatch.backlog, engine_side, late)
 
     def observe_itl(self, dispatch: Dispatch, seconds: float, now: float, times: int = 1) -> None:
         """``times`` gaps of ``seconds`` each (events that arrived together, a step apart each)."""

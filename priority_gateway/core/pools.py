@@ -6,9 +6,8 @@ Rules:
   a LoRA adapter the pool may load on demand is served by every engine.
 - A pool that declares ``models`` serves them (and its loadable adapters) whatever its engines list.
 - A request with a TTFT budget must start by its arrival plus its budget less the first token the
-  pool's pace predicts for its prompt, times the margin that late first tokens of queued starts steer
-  (``ttft_model``: the line predicts a typical first token, the budget bounds a p99; a queued request
-  starts with that margin's slack left); one with a deadline by its deadline;
+  pool's pace predicts for its prompt, times the margin its late first tokens steer (``ttft_model``: the
+  line predicts a typical first token, the budget bounds a p99); one with a deadline by its deadline;
   others whenever (``start_deadline``).
 """
 
@@ -97,7 +96,7 @@ class Pool:
         """When ``req`` must have started at the latest (the rules)."""
         if req.budget.ttft_s is not None:
             model = self.ttft_model
-            expected = model.queued_margin * (model.predict(req.prompt_tokens) or 0.0)
+            expected = model.margin * (model.predict(req.prompt_tokens) or 0.0)
             return req.arrival + max(0.0, req.budget.ttft_s - expected)
         if req.budget.deadline_s is not None:
             return req.arrival + req.budget.deadline_s

@@ -46,15 +46,10 @@ class Readings:
         """Each engine's limit as admission applies it (the fleet's, or this replica's safe share of it)."""
         return self._d.capacity.limits_applied(self._d.engines())
 
-    def ttft_models(self) -> dict[str, tuple[dict[str, float], tuple[float, float] | None]]:
-        """Each pool's first-token model as admission applies it (``core.ttft_model``): its margins by start
-        (``on_arrival``, ``from_queue``), and its line (seconds at no prefill ahead, seconds per token ahead)
-        once a first token was seen."""
-        return {
-            name: ({"on_arrival": m.margin, "from_queue": m.queued_margin}, m.line())
-            for name, pool in self._d.pools.items()
-            for m in (pool.ttft_model,)
-        }
+    def ttft_models(self) -> dict[str, tuple[float, tuple[float, float] | None]]:
+        """Each pool's first-token model as admission applies it (``core.ttft_model``): its margin, and its
+        line (seconds at no prefill ahead, seconds per token ahead) once a first token was seen."""
+        return {name: (pool.ttft_model.margin, pool.ttft_model.line()) for name, pool in self._d.pools.items()}
 
     def held_slots(self) -> dict[str, int]:
         """The slots this replica may fill on each engine while it fills them within its holdings."""

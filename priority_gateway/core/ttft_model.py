@@ -18,22 +18,13 @@ spare (through 4 replicas sharing a pool it reached 1.8-2.9 and refused a quarte
 tenants' requests, which 1.2 had all served in time). What the budget asks is that few admitted first
 tokens come late, so that is what moves the margin.
 
-Why two margins, one for requests started on arrival and one for those started from the queue: a
-request started on arrival has its whole budget left, one started from the queue (its start deadline
-is the margin's slack before the budget's end) only the margin's slack. With one margin, the late first
-tokens of starts at that edge (while a limit ramps up, or binds at overload) raised the margin that
-arrivals were checked against, which then refused or held requests the engine would have served in
-time; and at a late share of 0.5 %, each late first token takes 200 in time to undo. On one H100 the
-admitted requests' median TTFT doubled at a rate the engine served in time without the gateway.
-
 Rules:
 - ``predict`` is the line's typical first token; ``margin`` is what admission multiplies it by for a
-  p99 when the request starts on arrival, ``queued_margin`` when it starts from the queue (and for its
-  start deadline). Each starts at ``DEFAULT_MARGIN``; each first token that came after its request's
-  TTFT budget raises its start's margin by ``MISS_STEP`` (a factor), each one in time lowers it by the
-  factor that makes ``TARGET_LATE_SHARE`` of first tokens late where the two balance (half of what a
-  p99 budget allows); each stays between ``MIN_MARGIN`` and ``MAX_MARGIN``. First tokens without a
-  budget move only the line.
+  p99. It starts at ``DEFAULT_MARGIN``; each first token that came after its request's TTFT budget
+  raises it by ``MISS_STEP`` (a factor), each one in time lowers it by the factor that makes
+  ``TARGET_LATE_SHARE`` of first tokens late where the two balance (half of what a p99 budget
+  allows); it stays between ``MIN_MARGIN`` and ``MAX_MARGIN``. First tokens without a budget move
+  only the line.
 - Nothing observed yet: no prediction (None).
 """
 
@@ -47,31 +38,20 @@ MISS_STEP = 1.05
 _IN_TIME_STEP = MISS_STEP ** (-TARGET_LATE_SHARE / (1.0 - TARGET_LATE_SHARE))
 
 
-def _stepped(margin: float, late: bool) -> float:
-    return min(MAX_MARGIN, max(MIN_MARGIN, margin * (MISS_STEP if late else _IN_TIME_STEP)))
-
-
 class TTFTModel:
-    __slots__ = ("_n", "_sx", "_sxx", "_sxy", "_sy", "decay", "margin", "queued_margin")
+    __slots__ = ("_n", "_sx", "_sxx", "_sxy", "_sy", "decay", "margin")
 
     def __init__(self, decay: float = 0.98) -> None:
         self.decay = decay
         self._n = self._sx = self._sy = self._sxx = self._sxy = 0.0
         self.margin = DEFAULT_MARGIN
-        self.queued_margin = DEFAULT_MARGIN
 
-    def margin_for(self, queued: bool) -> float:
-        return self.queued_margin if queued else self.margin
-
-    def observe(self, tokens: int, seconds: float, late: bool | None = None, queued: bool = False) -> None:
+    def observe(self, tokens: int, seconds: float, late: bool | None = None) -> None:
         """A first token ``seconds`` after its start with ``tokens`` of prefill ahead; ``late``: whether it
-        came after its request's TTFT budget (None: the request had none); ``queued``: whether the request
-        started from the queue."""
+        came after its request's TTFT budget (None: the request had none)."""
         if late is not None:
-            if queued:
-                self.queued_margin = _stepped(self.queued_margin, late)
-            else:
-                self.margin = _stepped(self.margin, late)
+            step = MISS_STEP if late else _IN_TIME_STEP
+            self.margin = min(MAX_MARGIN, max(MIN_MARGIN, self.margin * step))
         d = self.decay
         x = float(tokens)
         self._n = d * self._n + 1.0

@@ -165,7 +165,7 @@ def test_documented_gateway_metrics_are_the_ones_the_gateway_exports() -> None:
         def concurrency_limits(self) -> dict[str, float]:
             return {}
 
-        def ttft_models(self) -> dict[str, tuple[dict[str, float], tuple[float, float] | None]]:
+        def ttft_models(self) -> dict[str, tuple[float, tuple[float, float] | None]]:
             return {}
 
         def held_slots(self) -> dict[str, int]:

@@ -98,64 +98,47 @@ def test_refused_at_once_when_the_expected_wait_exceeds_the_budget():
     assert isinstance(out, Rejection) and out.reason == Refusal.SLO_BUDGET_EXCEEDED
 
 
-def learned_pace(pool):
-    """The pool has seen first tokens 0.1 s + 0.1 ms per prefill token ahead of them."""
+def test_a_flood_held_by_the_prefill_with_slots_free_stays_within_the_queue_bound():
+    """A flood that the prefill holds while slots are free meets the queue's bound: past ``max_queue``
+    it is refused (queue full), and what waited is refused at its start deadline."""
+    d = make(interactive=1, limit=4, max_queue=10)
+    pool = d.pools["interactive"]
     for _ in range(40):
         for tokens in (100, 2000):
             pool.ttft_model.observe(tokens, 0.1 + tokens / 10_000)
-
-
-def test_with_room_a_request_whose_first_token_would_be_late_everywhere_is_refused_at_once():
-    """An engine computes prefill first come first served: a request held in the gateway while the
-    prefill ahead drains gets its first token no sooner than one sent at once, only later by the hold.
-    So with room for it, a request whose first token would be late on every engine is refused at
-    once, told to come back when the prefill ahead has drained; none waits, however many come."""
-    d = make(interactive=1, limit=4, max_queue=10)
-    pool = d.pools["interactive"]
-    learned_pace(pool)
-    engine = pool.engines[0]
-    engine.pending_prefill = 4000  # a first token there now would come at ~0.6 s: past the 0.5 s budget
+    pool.engines[0].pending_prefill = 4000  # every first token there would come too late
     answers = [d.submit(req(now=1.0), 1.0).answer for _ in range(200)]
-    assert all(isinstance(a, Rejection) and a.reason == Refusal.SLO_BUDGET_EXCEEDED for a in answers)
-    assert len(pool.queue) == 0 and engine.inflight == 0
-    drain = pool.ttft_model.predict(4000)
-    assert drain is not None and all(a.retry_after_s == d.admission.retry_after(drain) for a in answers)
-    engine.pending_prefill = 0  # the prefill drained: the next one starts
-    assert isinstance(d.submit(req(now=2.0), 2.0).answer, Dispatch)
+    assert sum(isinstance(a, Queued) for a in answers) == 10 and len(pool.queue) == 10
+    refused = [a for a in answers if isinstance(a, Rejection)]
+    assert len(refused) == 190 and {r.reason for r in refused} == {Refusal.QUEUE_FULL}
+    expired = [o for o in d.poll(1.6) if isinstance(o, Rejection)]
+    assert len(expired) == 10 and len(pool.queue) == 0
 
 
-def test_a_request_that_waited_for_a_slot_is_refused_when_the_slot_frees_too_late_for_its_first_token():
-    """A request queued for a slot (the limit reached) is tried when one frees; if its first token would
-    then come late, it is refused there and then, not left queued until its start deadline."""
-    d = make(interactive=1, limit=1)
+def test_with_slots_free_a_queue_held_by_the_prefill_is_not_a_wait_for_a_slot():
+    """Requests that the first-token check holds (prefill queued on the engine) wait for the prefill, not
+    for slots: a newcomer behind them is queued while slots are free, not refused for the slot wait that
+    counting them as slot-takers predicts; its start deadline answers it if the prefill never drains."""
+    d = make(interactive=1, limit=4)
     pool = d.pools["interactive"]
-    learned_pace(pool)
-    running = d.submit(req(now=1.0), 1.0).answer
-    assert isinstance(running, Dispatch)
-    waiting = d.submit(req(now=1.0), 1.0).answer
-    assert isinstance(waiting, Queued)
-    pool.engines[0].pending_prefill = 4000  # others' prompts still being computed there
-    freed = d.finish(running, 1.05).others
-    refused = [o for o in freed if isinstance(o, Rejection)]
-    assert [r.request for r in refused] == [waiting.request] and refused[0].reason == Refusal.SLO_BUDGET_EXCEEDED
-    assert len(pool.queue) == 0
-
-
-def test_a_request_behind_a_queue_is_answered_by_its_own_first_token_check_when_room_frees():
-    """A newcomer behind queued requests waits its turn; when room frees and its first token would be
-    late, its own answer says so (not a queued answer and then a refusal), as do theirs."""
-    d = make(interactive=1, limit=1)
-    pool = d.pools["interactive"]
-    learned_pace(pool)
-    running = d.submit(req(now=1.0), 1.0).answer
-    queued = [d.submit(req(now=1.0), 1.0).answer for _ in range(2)]
-    assert isinstance(running, Dispatch) and all(isinstance(q, Queued) for q in queued)
-    pool.engines[0].pending_prefill = 4000  # the prefill ahead is long
-    d.limits["i0"].limit = 4.0  # and there is room again
-    decided = d.submit(req(now=1.02), 1.02)
-    assert isinstance(decided.answer, Rejection) and decided.answer.reason == Refusal.SLO_BUDGET_EXCEEDED
-    refused = [o.request for o in decided.others if isinstance(o, Rejection)]
-    assert refused == [q.request for q in queued] and len(pool.queue) == 0
+    running = d.submit(req(), 0.0).answer
+    d.finish(running, 10.0)  # the pool learns that a request holds a slot for 10 s
+    for _ in range(40):  # and that a first token comes 0.1 s + 0.1 ms per prefill token ahead of it
+        for tokens in (100, 2000):
+            pool.ttft_model.observe(tokens, 0.1 + tokens / 10_000)
+    busy = d.submit(req(now=10.0), 10.0).answer
+    assert isinstance(busy, Dispatch)
+    engine = pool.engines[0]
+    engine.pending_prefill = 4000  # a first token there now would come at ~0.6 s: past the budget
+    held = [d.submit(req(now=10.0), 10.0).answer for _ in range(4)]
+    assert all(isinstance(h, Queued) for h in held), "held by the prefill, with three slots free"
+    newcomer = d.submit(req(now=10.0), 10.0).answer
+    assert isinstance(newcomer, Queued), "slots are free: the slot wait of 10 s is not what holds it"
+    engine.pending_prefill = 0  # the prefill drained: what waited starts, up to the limit
+    started = [o for o in d.poll(10.1) if isinstance(o, Dispatch)]
+    assert len(started) == 3 and engine.inflight == 4
+    refused = [o for o in d.poll(10.6) if isinstance(o, Rejection)]
+    assert len(refused) == 2 and all(r.reason == Refusal.SLO_BUDGET_EXCEEDED for r in refused)
 
 
 def test_late_first_tokens_raise_the_margin_that_admission_applies():
@@ -166,48 +149,22 @@ def test_late_first_tokens_raise_the_margin_that_admission_applies():
     for _ in range(200):  # a first token typically 0.1 s after the start
         pool.ttft_model.observe(100, 0.1)
     before = pool.ttft_model.margin
+    deadline_before = pool.start_deadline(req(now=0.0))
     for i in range(5):
         out = d.submit(req(now=float(i)), float(i)).answer
         assert isinstance(out, Dispatch)
         d.observe_ttft(out, 0.9)  # the budget is 0.5 s
         d.finish(out, i + 0.95)
     assert pool.ttft_model.margin > 1.25 * before
-    assert pool.ttft_model.queued_margin == before, "none of them had waited"
-    margins, line = d.readings.ttft_models()["interactive"]  # what /metrics shows
-    assert margins == {"on_arrival": pool.ttft_model.margin, "from_queue": pool.ttft_model.queued_margin}
+    margin, line = d.readings.ttft_models()["interactive"]  # what /metrics shows
+    assert margin == pool.ttft_model.margin
     assert line is not None and line == pool.ttft_model.line()
-    model = pool.ttft_model
-    queue_deadline = 0.5 - model.queued_margin * model.predict(100)
-    assert pool.start_deadline(req(now=0.0)) == pytest.approx(queue_deadline), "the deadline is the queue's"
+    assert pool.start_deadline(req(now=0.0)) < deadline_before
     raised = pool.ttft_model.margin
     on_time = d.submit(req(now=10.0), 10.0).answer
     assert isinstance(on_time, Dispatch)
     d.observe_ttft(on_time, 0.1)
     assert 0.99 * raised < pool.ttft_model.margin < raised  # one in time lowers it, a little
-
-
-def test_late_first_tokens_of_queued_starts_raise_the_queues_margin_not_the_arrivals():
-    """A request started from the queue has only the margin's slack left; its late first token moves the
-    queue's margin (and so the start deadline), never the one requests arriving to room are checked
-    against: those late tokens once kept refusing requests the engine would have served in time."""
-    d = make(interactive=1, limit=1)
-    pool = d.pools["interactive"]
-    learned_pace(pool)
-    arrival_margin, deadline_before = pool.ttft_model.margin, pool.start_deadline(req(now=0.0))
-    now = 1.0
-    for _ in range(5):
-        running = d.submit(req(now=now), now).answer
-        waiting = d.submit(req(now=now), now).answer
-        assert isinstance(running, Dispatch) and isinstance(waiting, Queued)
-        started = [o for o in d.finish(running, now + 0.05).others if isinstance(o, Dispatch)]
-        assert [s.request for s in started] == [waiting.request] and started[0].queued
-        d.observe_ttft(started[0], 0.6)  # late: the budget is 0.5 s
-        d.finish(started[0], now + 1.0)
-        now += 2.0
-    assert pool.ttft_model.queued_margin > 1.25 * arrival_margin
-    assert pool.ttft_model.margin == arrival_margin
-    assert pool.start_deadline(req(now=0.0)) < deadline_before
-    assert isinstance(d.submit(req(now=now), now).answer, Dispatch), "an arrival to room is checked as before"
 
 
 def test_a_client_tightening_its_ttft_budget_cannot_raise_everyones_margin():
@@ -488,9 +445,9 @@ def test_a_drain_tries_a_bounded_number_of_entries_that_cannot_start():
     tried = []
     place = d._place
 
-    def counting(req, pool, now, exclude=(), queued=False):
+    def counting(req, pool, now, exclude=()):
         tried.append(req.id)
-        return place(req, pool, now, exclude, queued)
+        return place(req, pool, now, exclude)
 
     d._place = counting  # type: ignore[method-assign]
     d.poll(1.0)

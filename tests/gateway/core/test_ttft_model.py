@@ -60,14 +60,3 @@ def test_the_margin_stays_within_its_bounds_and_ignores_requests_without_a_budge
     assert never_late.margin == MIN_MARGIN
     assert no_budget.margin == DEFAULT_MARGIN
     assert abs(no_budget.predict(1000) - 5.0) < 1e-6
-
-
-def test_starts_from_the_queue_steer_their_own_margin():
-    model = TTFTModel()
-    for _ in range(100):
-        model.observe(1000, 1.0, late=True, queued=True)
-    assert model.queued_margin == MAX_MARGIN and model.margin == DEFAULT_MARGIN
-    assert model.margin_for(True) == MAX_MARGIN and model.margin_for(False) == DEFAULT_MARGIN
-    for _ in range(5000):
-        model.observe(1000, 0.1, late=False)
-    assert model.margin == MIN_MARGIN and model.queued_margin == MAX_MARGIN
