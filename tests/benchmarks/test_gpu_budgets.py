@@ -212,3 +212,17 @@ def test_a_capacity_measured_before_replaces_the_probe(monkeypatch):
     assert probed_steps[0] == "budgets capacity"
     assert given_steps == probed_steps[1:]
     assert harness.capacity(given) == (23.0, "an H100, before")
+
+
+def test_every_front_with_admission_warms_up_before_its_measured_levels(monkeypatch):
+    """A static cap is the gateway with its limit pinned: it learns the first-token line and margin as the
+    learning gateway does, so both get the same warm-up level; a front without admission learns nothing."""
+    monkeypatch.syspath_prepend(str(GPU))
+    import harness
+
+    setup = harness.dry_setup(1, 1.0, "h200-7b-bf16")
+    warm = {front: harness.warmup_s(setup, front) for front in ("ours-admission@2", "cap-64@3", "cap-16", "ours-off")}
+    assert warm == {"ours-admission@2": 20.0, "cap-64@3": 20.0, "cap-16": 20.0, "ours-off": 0.0}
+    assert harness.budgets_estimate(setup, "poisson", "cap-64") == harness.budgets_estimate(
+        setup, "poisson", "ours-admission"
+    )
