@@ -1084,9 +1084,11 @@ def warmup_s(setup: Setup, front: str) -> float:
     would, and the engine's first loaded seconds fall there, not in a measured level: in the tenth sitting
     the first front's first level (no warm-up, right after the engine's start) had 17 of 144 admitted
     requests miss a budget, where the same front's later run had none, and the margin those raised made the
-    first run refuse 25 % at the next level against 4 %. Fronts without admission have nothing to learn."""
-    kind = front_kind(front)
-    return setup.seconds(20) if kind == "ours-admission" or kind.startswith("cap-") else 0.0
+    first run refuse 25 % at the next level against 4 %. Fronts without admission have nothing to learn.
+    Which fronts run admission is read from their configuration (``budgets_front``), not said twice."""
+    config = budgets_front(front, "")
+    admits = config is not None and config.get("admission", {}).get("enabled", True)
+    return setup.seconds(20) if admits else 0.0
 
 
 def budgets_estimate(setup: Setup, arrivals: str, front: str) -> float:
